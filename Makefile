@@ -1,0 +1,35 @@
+# splitlab: `make demo` runs the whole pipeline on generated data, `make test` runs the tests.
+# Both create .venv and install the project with its dev extras when that is missing.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow lint format clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/splitlab demo --out runs/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow -s
+
+lint: $(STAMP)
+	$(BIN)/ruff check splitlab tests
+	$(BIN)/ruff format --check splitlab tests
+
+format: $(STAMP)
+	$(BIN)/ruff format splitlab tests
+	$(BIN)/ruff check --fix splitlab tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from splitlab.cli import main
+
+main()

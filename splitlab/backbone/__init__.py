@@ -1,0 +1,22 @@
+"""`PackedViT` and the packed-sequence attention backends (plain PyTorch + timm)."""
+
+from splitlab.backbone.attention import (
+    BACKENDS,
+    AttentionBackend,
+    PackedSequence,
+    available_backends,
+    resolve_backend,
+)
+from splitlab.backbone.packed_vit import PackedAttention, PackedFeatures, PackedViT, create_vit
+
+__all__ = [
+    "BACKENDS",
+    "AttentionBackend",
+    "PackedAttention",
+    "PackedFeatures",
+    "PackedSequence",
+    "PackedViT",
+    "available_backends",
+    "create_vit",
+    "resolve_backend",
+]

@@ -1,0 +1,262 @@
+"""`PackedViT`: a timm VisionTransformer run on packed mixed-resolution token sequences."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import timm
+import torch
+from timm.layers import Attention, resample_abs_pos_embed
+from timm.models.vision_transformer import VisionTransformer
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from splitlab.backbone.attention import PackedSequence, resolve_backend
+from splitlab.tokenizer.layout import TokenLayout
+
+
+class PackedAttention(Attention):
+    """timm's `Attention`, taught to read a `PackedSequence` as its ``attn_mask``.
+
+    Patched in place onto a model's attention modules (as ToMe patches timm): with an ordinary
+    mask, or none, it is timm's own forward, so the dense model keeps working unchanged.
+    """
+
+    def forward(self, x: Tensor, attn_mask=None, is_causal: bool = False) -> Tensor:  # type: ignore[override]
+        if not isinstance(attn_mask, PackedSequence):
+            return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
+        seq = attn_mask
+        batch, total, _ = x.shape  # batch == 1: one packed sequence
+        gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
+        qkv = self.qkv(x).view(batch * total, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.unbind(1)
+        q, k = self.q_norm(q), self.k_norm(k)
+        dropout = self.attn_drop.p if self.training else 0.0
+        out = seq.attend(q, k, v, scale=self.scale, dropout_p=dropout)
+        out = self.norm(out.reshape(batch, total, self.num_heads * self.head_dim))
+        if gate is not None:
+            out = out * gate
+        return self.proj_drop(self.proj(out))
+
+
+@dataclass
+class PackedFeatures:
+    """What `PackedViT` returns for a batch.
+
+    Attributes:
+        prefix: ``(B, P, D)`` CLS and register tokens after the final norm.
+        tokens: ``(T, D)`` patch tokens after the final norm, in the layout's order.
+        intermediates: ``(T, D)`` patch tokens after each requested block (no final norm).
+        layout: the layout the features belong to.
+    """
+
+    prefix: Tensor
+    tokens: Tensor
+    intermediates: list[Tensor]
+    layout: TokenLayout
+
+    def per_image(self) -> list[Tensor]:
+        """``[(P + N_i, D)]`` per image, prefix first: the shape of timm's ``forward_features`` rows."""
+        return [torch.cat([p, t]) for p, t in zip(self.prefix, self.layout.split(self.tokens), strict=True)]
+
+
+def create_vit(model_name: str, pretrained: bool = False, checkpoint_path: str = "", **kwargs) -> nn.Module:
+    """``timm.create_model`` with errors that name the setting."""
+    if not timm.is_model(model_name):
+        close = timm.list_models(f"*{model_name.split('.')[0][:12]}*")[:5]
+        hint = f" (close: {', '.join(close)})" if close else ""
+        raise ValueError(f"model_name={model_name!r} is not a timm model{hint}")
+    return timm.create_model(model_name, pretrained=pretrained, checkpoint_path=checkpoint_path, **kwargs)
+
+
+class PackedViT(nn.Module):
+    """A timm `VisionTransformer` whose blocks run on a `TokenLayout`'s packed sequence.
+
+    Each image gets its own CLS (and register) tokens; attention stays inside each image through
+    the chosen packed-attention backend. The timm model is patched, not forked: its own
+    ``forward_features`` still works and gives the uniform-grid reference.
+
+    Args:
+        model_name: timm model name, or an already built `VisionTransformer`.
+        pretrained: load timm's pretrained weights (needs the hub or its cache).
+        checkpoint_path: local weights for offline machines.
+        attn_backend: ``auto`` or a name from `splitlab.backbone.attention.BACKENDS`.
+        **model_kwargs: passed to ``timm.create_model`` (``img_size``, ``num_classes``, ...).
+    """
+
+    def __init__(
+        self,
+        model_name: str | nn.Module = "vit_tiny_patch16_224",
+        pretrained: bool = False,
+        checkpoint_path: str = "",
+        attn_backend: str = "auto",
+        **model_kwargs,
+    ) -> None:
+        super().__init__()
+        if isinstance(model_name, nn.Module):
+            model = model_name
+            name = type(model).__name__
+        else:
+            name = model_name
+            model = create_vit(
+                model_name, pretrained=pretrained, checkpoint_path=checkpoint_path, **model_kwargs
+            )
+        if not isinstance(model, VisionTransformer):
+            raise ValueError(
+                f"model_name={name!r} builds a timm {type(model).__name__}, but PackedViT needs a "
+                "VisionTransformer (a ViT with absolute or no position embedding)"
+            )
+        self.model = model
+        self.attn_backend = attn_backend
+        self._patch_attention(name)
+
+    def _patch_attention(self, name: str) -> None:
+        for block in self.model.blocks:
+            if "attn_mask" not in inspect.signature(block.forward).parameters:
+                raise ValueError(
+                    f"model_name={name!r}: its block type {type(block).__name__} takes no attn_mask, "
+                    "so packed attention cannot reach it (timm >= 1.0.20 blocks do)"
+                )
+            attn = getattr(block, "attn", None)
+            if type(attn) is Attention:
+                attn.__class__ = PackedAttention
+            elif not isinstance(attn, PackedAttention):
+                raise ValueError(
+                    f"model_name={name!r}: attention type {type(attn).__name__} is not timm's Attention; "
+                    "PackedViT supports plain ViT attention"
+                )
+
+    @property
+    def patch_size(self) -> int:
+        return int(self.model.patch_embed.patch_size[0])
+
+    @property
+    def embed_dim(self) -> int:
+        return int(self.model.embed_dim)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return int(self.model.num_prefix_tokens)
+
+    @property
+    def img_size(self) -> tuple[int, int]:
+        return tuple(int(s) for s in self.model.patch_embed.img_size)
+
+    @property
+    def depth(self) -> int:
+        return len(self.model.blocks)
+
+    @property
+    def data_config(self) -> dict:
+        """timm's preprocessing config (mean, std, input size, interpolation) for this model."""
+        return timm.data.resolve_data_config({}, model=self.model)
+
+    def embed_patches(self, images: Tensor) -> Tensor:
+        """``(B, C, h*p, w*p)`` -> ``(B, h, w, D)`` with the model's patch embedding (any size)."""
+        pe = self.model.patch_embed
+        x = pe.proj(images).permute(0, 2, 3, 1)
+        return pe.norm(x)
+
+    def pos_embed_grid(self, grid: tuple[int, int]) -> Tensor | None:
+        """``(h, w, D)`` position embedding of a ``grid``, resampled (bicubic) from the model's grid."""
+        pos = self.model.pos_embed
+        if pos is None:
+            return None
+        skip = 0 if self.model.no_embed_class else self.num_prefix_tokens
+        patch_pos = pos[:, skip:]
+        old = tuple(self.model.patch_embed.grid_size)
+        if tuple(grid) != old:
+            patch_pos = resample_abs_pos_embed(
+                patch_pos, new_size=list(grid), old_size=list(old), num_prefix_tokens=0
+            )
+        return patch_pos.view(grid[0], grid[1], -1)
+
+    def prefix_tokens(self, batch: int) -> Tensor:
+        """``(B, P, D)`` CLS and register tokens with their position embedding, as timm adds it."""
+        m = self.model
+        parts = [t.expand(batch, -1, -1) for t in (m.cls_token, m.reg_token) if t is not None]
+        if not parts:
+            return m.patch_embed.proj.weight.new_zeros(batch, 0, self.embed_dim)
+        prefix = torch.cat(parts, dim=1)
+        if m.pos_embed is not None and not m.no_embed_class:
+            prefix = prefix + m.pos_embed[:, : self.num_prefix_tokens]
+        return prefix
+
+    def pack(self, layout: TokenLayout) -> tuple[Tensor, PackedSequence, Tensor]:
+        """Interleave each image's prefix tokens with its layout tokens.
+
+        Returns:
+            ``(1, T + B*P, D)`` sequence, its `PackedSequence`, and the rows of the layout tokens.
+        """
+        batch, prefix_len = layout.batch_size, self.num_prefix_tokens
+        tokens = layout.tokens
+        device = tokens.device
+        backend = resolve_backend(self.attn_backend, device, tokens.dtype)
+        seq = PackedSequence.build([n + prefix_len for n in layout.seqlens], device, backend)
+        token_rows = torch.arange(tokens.shape[0], device=device) + prefix_len * (layout.image_index + 1)
+        x = tokens.new_zeros(seq.total, tokens.shape[1]).index_copy(0, token_rows, tokens)
+        if prefix_len:
+            prefix = self.prefix_tokens(batch).to(tokens.dtype).reshape(-1, tokens.shape[1])
+            x = x.index_copy(0, self._prefix_rows(seq, device), prefix)
+        return x[None], seq, token_rows
+
+    def forward(self, layout: TokenLayout, indices: int | Sequence[int] | None = None) -> PackedFeatures:
+        """Run the blocks on a layout.
+
+        Args:
+            layout: tokens from `splitlab.tokenizer.SplitTokenizer` (with this model's embeddings).
+            indices: blocks whose outputs to return too: the last ``n`` if an int, else block indices.
+        """
+        take = self._resolve_indices(indices)
+        x, seq, token_rows = self.pack(layout)
+        x = self.model.norm_pre(x)
+        intermediates = []
+        for i, block in enumerate(self.model.blocks):
+            if self.model.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                x = checkpoint(block, x, seq, use_reentrant=False)
+            else:
+                x = block(x, attn_mask=seq)
+            if i in take:
+                intermediates.append(x[0].index_select(0, token_rows))
+        x = self.model.norm(x)[0]
+        tokens = x.index_select(0, token_rows)
+        prefix_rows = self._prefix_rows(seq, x.device)
+        prefix = x.index_select(0, prefix_rows).view(layout.batch_size, self.num_prefix_tokens, x.shape[-1])
+        return PackedFeatures(prefix=prefix, tokens=tokens, intermediates=intermediates, layout=layout)
+
+    def forward_head(self, features: PackedFeatures, pre_logits: bool = False) -> Tensor:
+        """timm's head on packed features: pooling as the model's ``global_pool``, ``fc_norm``, ``head``."""
+        m = self.model
+        pool = m.global_pool
+        if pool == "token":
+            x = features.prefix[:, 0]
+        elif pool == "avg":
+            x = features.layout.pool(features.tokens)
+        elif pool in ("max", "avgmax"):
+            idx = features.layout.image_index[:, None].expand_as(features.tokens)
+            peak = features.tokens.new_full(
+                (features.layout.batch_size, features.tokens.shape[1]), float("-inf")
+            )
+            peak = peak.scatter_reduce(0, idx, features.tokens, reduce="amax")
+            x = peak if pool == "max" else 0.5 * (peak + features.layout.pool(features.tokens))
+        else:
+            raise ValueError(f"global_pool={pool!r} is not supported on packed features")
+        x = m.head_drop(m.fc_norm(x))
+        return x if pre_logits else m.head(x)
+
+    def _resolve_indices(self, indices: int | Sequence[int] | None) -> set[int]:
+        if indices is None:
+            return set()
+        depth = self.depth
+        chosen = (
+            list(range(depth - indices, depth)) if isinstance(indices, int) else [i % depth for i in indices]
+        )
+        if any(i < 0 or i >= depth for i in chosen):
+            raise ValueError(f"indices={indices} out of range for a {depth}-block model")
+        return set(chosen)
+
+    def _prefix_rows(self, seq: PackedSequence, device: torch.device) -> Tensor:
+        starts = seq.cu_seqlens[:-1].long()
+        return (starts[:, None] + torch.arange(self.num_prefix_tokens, device=device)).reshape(-1)

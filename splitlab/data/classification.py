@@ -1,0 +1,206 @@
+"""`ImageClassificationData`: an ImageFolder tree or a Hugging Face dataset, with timm's transforms."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning import LightningDataModule
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
+from torch.utils.data import DataLoader, Dataset
+from torchvision.datasets import ImageFolder
+
+from splitlab.data.common import EpochShuffleSampler, SkipCorrupt, require_dir
+
+
+class HFImageDataset(Dataset):
+    """(image, label) pairs from a `datasets.Dataset` split, transformed for the backbone."""
+
+    def __init__(self, split: Any, image_column: str, label_column: str, transform: Any, name: str) -> None:
+        missing = [c for c in (image_column, label_column) if c not in split.column_names]
+        if missing:
+            raise ValueError(
+                f"{name}: no column {missing} (columns: {split.column_names}); set image_column / label_column"
+            )
+        self.split, self.image_column, self.label_column, self.transform, self.name = (
+            split,
+            image_column,
+            label_column,
+            transform,
+            name,
+        )
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        row = self.split[index]
+        return self.transform(row[self.image_column].convert("RGB")), int(row[self.label_column])
+
+
+class ImageClassificationData(LightningDataModule):
+    """Classification data from an ImageFolder tree or a Hugging Face dataset.
+
+    Exactly one of ``root`` (``root/<split>/<class>/<image>``) and ``hf_dataset`` (a hub name or a
+    local path, ``save_to_disk`` or loadable by ``datasets.load_dataset``) is set. Images get
+    timm's transforms: training augmentation (random-resized crop, horizontal flip, ...) unless
+    ``augment`` is False. Check that augmentation keeps classes: a flip turns "/" into "\\", a
+    crop can cut a small object out.
+
+    Args:
+        root: ImageFolder root.
+        hf_dataset: Hugging Face dataset name or path.
+        hf_config: dataset configuration name.
+        image_column, label_column: HF columns.
+        train_split, val_split, test_split: split (folder) names; test falls back to val.
+        img_size: square input size (the backbone's).
+        mean, std, interpolation, crop_pct: preprocessing (the backbone's pretrained config).
+        augment: training augmentation on.
+        hflip: horizontal-flip probability of the augmentation.
+        scale: random-resized-crop scale range.
+        batch_size, num_workers: loader settings.
+        shuffle_seed: seed of the epoch shuffles.
+    """
+
+    def __init__(
+        self,
+        root: str | None = None,
+        hf_dataset: str | None = None,
+        hf_config: str | None = None,
+        image_column: str = "image",
+        label_column: str = "label",
+        train_split: str = "train",
+        val_split: str = "val",
+        test_split: str = "test",
+        img_size: int = 224,
+        mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+        std: Sequence[float] = IMAGENET_DEFAULT_STD,
+        interpolation: str = "bicubic",
+        crop_pct: float = 0.875,
+        augment: bool = True,
+        hflip: float = 0.5,
+        scale: Sequence[float] = (0.08, 1.0),
+        batch_size: int = 64,
+        num_workers: int = 4,
+        shuffle_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if (root is None) == (hf_dataset is None):
+            raise ValueError("set exactly one of data.root (an ImageFolder tree) and data.hf_dataset")
+        if root is not None:
+            require_dir(root, "data.root")
+            require_dir(Path(root) / train_split, "data.root/train_split")
+        self.save_hyperparameters()
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.img_size = img_size
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.datasets: dict[str, Dataset] = {}
+        self.classes: list[str] = []
+
+    def transform(self, training: bool) -> Any:
+        hp = self.hparams
+        return create_transform(
+            input_size=(3, hp.img_size, hp.img_size),
+            is_training=training,
+            no_aug=not hp.augment,
+            hflip=hp.hflip,
+            scale=tuple(hp.scale),
+            interpolation=hp.interpolation,
+            mean=self.mean,
+            std=self.std,
+            crop_pct=hp.crop_pct,
+        )
+
+    def _split(self, name: str, training: bool) -> Dataset | None:
+        hp = self.hparams
+        transform = self.transform(training)
+        if hp.root is not None:
+            folder = Path(hp.root) / name
+            if not folder.is_dir():
+                return None
+            empty = [
+                d.name
+                for d in sorted(folder.iterdir())
+                if d.is_dir() and not any(f.is_file() for f in d.rglob("*"))
+            ]
+            if empty:
+                raise ValueError(f"data.root={hp.root!r}: class folder(s) {empty} in {name}/ hold no images")
+            dataset = ImageFolder(str(folder), transform=transform)
+            if self.classes and dataset.classes != self.classes:
+                raise ValueError(
+                    f"data.root={hp.root!r}: {name}/ has classes {dataset.classes}, train/ has {self.classes}"
+                )
+            self.classes = self.classes or list(dataset.classes)
+            return SkipCorrupt(dataset, lambda i, ds=dataset: ds.samples[i][0])
+        splits = self._hf_splits()
+        if name not in splits:
+            return None
+        part = splits[name]
+        label = part.features.get(hp.label_column)
+        if not self.classes and getattr(label, "names", None):
+            self.classes = list(label.names)
+        dataset = HFImageDataset(
+            part, hp.image_column, hp.label_column, transform, f"data.hf_dataset={hp.hf_dataset!r}[{name}]"
+        )
+        return SkipCorrupt(dataset, lambda i: f"{hp.hf_dataset}[{name}][{i}]")
+
+    def _hf_splits(self) -> Any:
+        if not hasattr(self, "_hf"):
+            import datasets
+
+            hp = self.hparams
+            path = Path(hp.hf_dataset).expanduser()
+            if path.exists() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+                self._hf = datasets.load_from_disk(str(path))
+            else:
+                self._hf = datasets.load_dataset(hp.hf_dataset, hp.hf_config)
+            if isinstance(self._hf, datasets.Dataset):
+                self._hf = datasets.DatasetDict({self.hparams.train_split: self._hf})
+        return self._hf
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        if "train" not in self.datasets:
+            train = self._split(hp.train_split, training=True)
+            if train is None:
+                raise FileNotFoundError(f"no {hp.train_split!r} split in {hp.root or hp.hf_dataset!r}")
+            self.datasets["train"] = train
+        if "val" not in self.datasets:
+            val = self._split(hp.val_split, training=False)
+            if val is None:
+                raise FileNotFoundError(
+                    f"no {hp.val_split!r} split in {hp.root or hp.hf_dataset!r} (set data.val_split)"
+                )
+            self.datasets["val"] = val
+        if stage in ("test", "predict") and "test" not in self.datasets:
+            self.datasets["test"] = self._split(hp.test_split, training=False) or self.datasets["val"]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def _loader(self, name: str, shuffle: bool) -> DataLoader:
+        dataset = self.datasets[name]
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=EpochShuffleSampler(len(dataset), self.hparams.shuffle_seed) if shuffle else None,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            drop_last=shuffle and len(dataset) > self.batch_size,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)

@@ -1,0 +1,79 @@
+"""`ClassificationTask`: SPLIT image classification with timm's own head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+from splitlab.backbone import PackedFeatures
+from splitlab.tasks.base import SplitTask
+
+
+class ClassificationTask(SplitTask):
+    """Classification: the timm model's head (CLS token or mean pool), per-image cross-entropy.
+
+    The timm head is kept (reset only when ``num_classes`` or ``global_pool`` change), so a
+    pretrained ImageNet classifier is a SPLIT classifier from the first step.
+
+    Args:
+        num_classes: classes; None keeps the timm model's head.
+        global_pool: ``token`` (CLS) or ``avg`` (mean of the patch tokens); None keeps the model's.
+        label_smoothing: cross-entropy label smoothing.
+        **kwargs: `SplitTask` arguments.
+    """
+
+    task_name = "classification"
+    metric_name = "top1"
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        global_pool: str | None = None,
+        label_smoothing: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        self._num_classes, self._global_pool = num_classes, global_pool
+        super().__init__(**kwargs)
+
+    def configure_head(self) -> None:
+        model = self.backbone.model
+        pool = self._global_pool or model.global_pool
+        if pool not in ("token", "avg"):
+            raise ValueError(f"global_pool={pool!r}: expected 'token' or 'avg'")
+        if (
+            self._num_classes is not None and self._num_classes != model.num_classes
+        ) or pool != model.global_pool:
+            model.reset_classifier(
+                self._num_classes if self._num_classes is not None else model.num_classes, pool
+            )
+        if model.num_classes < 1:
+            raise ValueError(f"backbone {self.hparams.backbone!r} has no classifier: set num_classes")
+        return None
+
+    def build_metrics(self) -> MetricCollection:
+        classes = self.backbone.model.num_classes
+        return MetricCollection(
+            {
+                "top1": MulticlassAccuracy(classes, top_k=1, average="micro"),
+                "top5": MulticlassAccuracy(classes, top_k=min(5, classes), average="micro"),
+            }
+        )
+
+    def forward_task(self, features: PackedFeatures) -> Tensor:
+        return self.backbone.forward_head(features)
+
+    def per_sample_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        return F.cross_entropy(
+            outputs.float(), targets, reduction="none", label_smoothing=self.hparams.label_smoothing
+        )
+
+    def update_metrics(self, metrics: MetricCollection, outputs: Tensor, targets: Tensor) -> None:
+        metrics.update(outputs.float(), targets)
+
+    def describe_prediction(self, outputs: Tensor, index: int) -> dict[str, Any]:
+        probs = outputs[index].float().softmax(-1)
+        return {"class": int(probs.argmax()), "probability": float(probs.max())}

@@ -1,0 +1,55 @@
+"""The split decision: does a parent patch lose information its four children would keep?"""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import Mlp
+from torch import Tensor, nn
+
+
+class SplitDecision(nn.Module):
+    """p(split) for each candidate parent from the parent and its four children.
+
+    The parent's embedding is the query of a small multi-head cross-attention over its children
+    (plus a learned quadrant embedding, so the module knows which child is where); an MLP on
+    ``[parent, summary]`` gives the split logit. Everything runs in a narrow ``dim`` so the module
+    costs a few percent of one transformer block per token.
+
+    Inputs are detached: the policy reads the embeddings but its imitation and PPO losses do not
+    reshape them, so the backbone's features only answer to the task loss.
+    """
+
+    def __init__(self, embed_dim: int, dim: int = 128, num_heads: int = 4, mlp_ratio: float = 2.0) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"decision_dim={dim} must be divisible by decision_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.norm = nn.LayerNorm(embed_dim)
+        self.query = nn.Linear(embed_dim, dim)
+        self.key_value = nn.Linear(embed_dim, 2 * dim)
+        self.quadrant = nn.Parameter(torch.zeros(4, dim))
+        nn.init.trunc_normal_(self.quadrant, std=0.02)
+        self.mlp = Mlp(2 * dim, hidden_features=int(mlp_ratio * dim), out_features=1)
+
+    def forward(self, parent: Tensor, children: Tensor) -> Tensor:
+        """Split logits.
+
+        Args:
+            parent: ``(..., D)`` parent embeddings.
+            children: ``(..., 4, D)`` the parents' children embeddings.
+
+        Returns:
+            ``(...)`` logits; ``sigmoid`` gives p(split).
+        """
+        parent, children = parent.detach(), children.detach()
+        q = self.query(self.norm(parent))  # (..., dim)
+        k, v = self.key_value(self.norm(children)).chunk(2, dim=-1)  # (..., 4, dim)
+        k = k + self.quadrant.to(k.dtype)
+        heads = (*q.shape[:-1], self.num_heads, self.head_dim)
+        qh = q.view(heads)
+        kh = k.view(*k.shape[:-1], self.num_heads, self.head_dim)
+        vh = v.view(*v.shape[:-1], self.num_heads, self.head_dim)
+        attn = torch.einsum("...hd,...chd->...hc", qh, kh) * self.head_dim**-0.5
+        summary = torch.einsum("...hc,...chd->...hd", attn.softmax(dim=-1), vh).reshape(q.shape)
+        return self.mlp(torch.cat([q, summary], dim=-1)).squeeze(-1)

@@ -1,0 +1,84 @@
+"""Multi-scale patch embedding that reuses the backbone's own patch embedding at every level."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from splitlab.tokenizer.levels import Levels
+
+
+class EmbeddingSource(Protocol):
+    """What the tokenizer needs from a backbone (`splitlab.backbone.PackedViT` provides it)."""
+
+    patch_size: int
+    embed_dim: int
+
+    def embed_patches(self, images: Tensor) -> Tensor:
+        """``(B, 3, h*p, w*p)`` -> ``(B, h, w, D)`` with the backbone's patch embedding."""
+        ...
+
+    def pos_embed_grid(self, grid: tuple[int, int]) -> Tensor | None:
+        """``(h, w, D)`` absolute position embedding for a ``grid``, or None if the model has none."""
+        ...
+
+
+def space_to_depth(x: Tensor) -> Tensor:
+    """``(B, 2h, 2w, D)`` -> ``(B, h, w, 4, D)``; children ordered top-left, top-right, bottom-left, bottom-right."""
+    b, h2, w2, d = x.shape
+    x = x.view(b, h2 // 2, 2, w2 // 2, 2, d).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, h2 // 2, w2 // 2, 4, d)
+
+
+class MultiScalePatchEmbed(nn.Module):
+    """Token embeddings for every level of the quadtree in one pass.
+
+    A level-``k`` patch is embedded by the backbone's patch embedding applied to the patch
+    downsampled (antialiased) to the finest patch size, so a pretrained backbone understands coarse
+    tokens from the first step. Two zero-initialised additions let fine-tuning refine that: a
+    projection of the patch's four children (what the downsampling blurred away) and a per-level
+    embedding. The position of a coarse patch is the backbone's position embedding resampled to
+    that level's grid. The finest level is exactly the backbone's embedding, so an all-fine layout
+    reproduces the uniform-grid model.
+    """
+
+    def __init__(self, embed_dim: int, levels: Levels) -> None:
+        super().__init__()
+        self.levels = levels
+        self.embed_dim = embed_dim
+        coarse = levels.num - 1
+        self.child_proj = nn.ModuleList(nn.Linear(4 * embed_dim, embed_dim) for _ in range(coarse))
+        self.level_embed = nn.Parameter(torch.zeros(coarse, embed_dim))
+        for proj in self.child_proj:
+            nn.init.zeros_(proj.weight)
+            nn.init.zeros_(proj.bias)
+
+    def forward(self, images: Tensor, source: EmbeddingSource) -> tuple[list[Tensor], list[Tensor]]:
+        """Embed ``images`` at every level.
+
+        Returns:
+            ``tokens`` (content + position + level, what enters the blocks) and ``content``
+            (patch content only, used for warm-start labels), each a list of ``(B, h_k, w_k, D)``
+            tensors, coarse to fine.
+        """
+        self.levels.check_image(images.shape[-2:])
+        h, w = images.shape[-2:]
+        content: list[Tensor] = [source.embed_patches(images)]
+        for k in reversed(range(self.levels.num - 1)):
+            factor = self.levels.cells(k)
+            small = F.interpolate(
+                images, size=(h // factor, w // factor), mode="bilinear", antialias=True, align_corners=False
+            )
+            children = space_to_depth(content[0]).flatten(-2)
+            content.insert(0, source.embed_patches(small) + self.child_proj[k](children))
+        tokens = []
+        for k, c in enumerate(content):
+            pos = source.pos_embed_grid((c.shape[1], c.shape[2]))
+            t = c if pos is None else c + pos.to(c.dtype)
+            if k < self.levels.num - 1:
+                t = t + self.level_embed[k].to(c.dtype)
+            tokens.append(t)
+        return tokens, content

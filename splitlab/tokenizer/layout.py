@@ -1,0 +1,121 @@
+"""`TokenLayout`: a batch of mixed-resolution token sequences, packed image after image."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from splitlab.tokenizer.levels import Levels
+
+
+@dataclass
+class TokenLayout:
+    """Packed mixed-resolution tokens of a batch and where each one sits.
+
+    Tokens are packed image after image (``cu_seqlens`` marks the boundaries) and, within an
+    image, coarse level first, raster order within a level; a uniform layout is therefore in
+    timm's raster order. CLS and register tokens are not part of the layout: the backbone adds
+    them.
+
+    Attributes:
+        tokens: ``(T, D)`` embeddings (content + position + level), ready for the blocks.
+        cu_seqlens: ``(B + 1,)`` int32 offsets of each image's tokens in ``tokens``.
+        seqlens: host copy of the per-image token counts (the one host sync of a batch).
+        levels: the quadtree's patch sizes.
+        level: ``(T,)`` level index of each token (0 = coarsest).
+        boxes: ``(T, 4)`` ``(x0, y0, x1, y1)`` of each token in finest-grid cells.
+        image_index: ``(T,)`` image of each token.
+        cover_index: ``(B, Hf, Wf)`` index into ``tokens`` of the token covering each finest cell.
+        fraction: ``(B,)`` tokens / finest uniform grid (CLS excluded).
+        decisions: per non-finest level, ``(B, h, w)`` bool split decisions (False where no decision
+            was taken).
+        candidates: per non-finest level, ``(B, h, w)`` bool: where a decision was taken.
+        logits: per non-finest level, ``(B, h, w)`` split logits of the decision module, if one ran.
+        log_prob: ``(B,)`` log-probability of the decisions taken under ``logits``.
+        entropy: ``(B,)`` summed Bernoulli entropy of the decisions taken.
+    """
+
+    tokens: Tensor
+    cu_seqlens: Tensor
+    seqlens: list[int]
+    levels: Levels
+    level: Tensor
+    boxes: Tensor
+    image_index: Tensor
+    cover_index: Tensor
+    fraction: Tensor
+    decisions: list[Tensor] = field(default_factory=list)
+    candidates: list[Tensor] = field(default_factory=list)
+    logits: list[Tensor] | None = None
+    log_prob: Tensor | None = None
+    entropy: Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """Number of images."""
+        return len(self.seqlens)
+
+    @property
+    def max_seqlen(self) -> int:
+        """Longest image sequence (tokens only)."""
+        return max(self.seqlens)
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """Finest uniform grid ``(Hf, Wf)``."""
+        return int(self.cover_index.shape[1]), int(self.cover_index.shape[2])
+
+    def unpack_to_grid(self, features: Tensor | None = None) -> Tensor:
+        """Spread per-token features over the finest grid: ``(T, C)`` -> ``(B, C, Hf, Wf)``.
+
+        Each token's vector is repeated over every finest cell it covers, so dense heads see a
+        regular feature map whatever the layout.
+        """
+        features = self.tokens if features is None else features
+        if features.shape[0] != self.tokens.shape[0]:
+            raise ValueError(
+                f"features has {features.shape[0]} rows, the layout {self.tokens.shape[0]} tokens"
+            )
+        grid = features.index_select(0, self.cover_index.reshape(-1))
+        b, hf, wf = self.cover_index.shape
+        return grid.view(b, hf, wf, -1).permute(0, 3, 1, 2)
+
+    def pool(self, features: Tensor | None = None, weighting: str = "token") -> Tensor:
+        """Average per-token features per image: ``(T, C)`` -> ``(B, C)``.
+
+        Args:
+            features: per-token features, the layout's tokens by default.
+            weighting: ``"token"`` (each token counts once) or ``"area"`` (each token counts by
+                the finest cells it covers, i.e. the mean over ``unpack_to_grid``).
+        """
+        features = self.tokens if features is None else features
+        if weighting == "token":
+            weights = torch.ones_like(self.level, dtype=features.dtype)
+        elif weighting == "area":
+            side = (self.boxes[:, 2] - self.boxes[:, 0]).to(features.dtype)
+            weights = side * side
+        else:
+            raise ValueError(f"weighting={weighting!r}: expected 'token' or 'area'")
+        total = features.new_zeros(self.batch_size, features.shape[1])
+        total = total.index_add(0, self.image_index, features * weights[:, None])
+        norm = weights.new_zeros(self.batch_size).index_add(0, self.image_index, weights)
+        return total / norm[:, None]
+
+    def split(self, features: Tensor | None = None) -> list[Tensor]:
+        """Per-image views of per-token features."""
+        features = self.tokens if features is None else features
+        return list(features.split(self.seqlens))
+
+    def level_map(self) -> Tensor:
+        """``(B, Hf, Wf)`` level index of the token covering each finest cell."""
+        return self.level[self.cover_index]
+
+    def replace_tokens(self, tokens: Tensor) -> TokenLayout:
+        """Same layout, other token vectors (e.g. after a projection)."""
+        if tokens.shape[0] != self.tokens.shape[0]:
+            raise ValueError(f"tokens has {tokens.shape[0]} rows, the layout {self.tokens.shape[0]}")
+        copy = TokenLayout(**{k: getattr(self, k) for k in self.__dataclass_fields__})
+        copy.tokens = tokens
+        return copy

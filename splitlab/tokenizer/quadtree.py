@@ -1,0 +1,172 @@
+"""The quadtree walk: split decisions per level -> which patches become tokens -> `TokenLayout`.
+
+Decisions are taken densely, for every patch of every non-finest level at once, and then masked by
+reachability (a patch is a candidate only if its parent split). That is distributionally the same
+as walking level by level, but needs no data-dependent shapes until the final packing, so the whole
+walk costs a handful of tensor ops and one host sync per batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from splitlab.tokenizer.layout import TokenLayout
+from splitlab.tokenizer.levels import Levels
+
+
+def upsample2(mask: Tensor) -> Tensor:
+    """Hand each cell's value to its four children: ``(..., h, w)`` -> ``(..., 2h, 2w)``."""
+    return mask.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1)
+
+
+def leaf_masks(decisions: Sequence[Tensor], finest_shape: Sequence[int]) -> tuple[list[Tensor], list[Tensor]]:
+    """Which patches are tokens (``keep``) and which were asked (``candidates``), per level.
+
+    Args:
+        decisions: for each non-finest level, bool ``(..., h_k, w_k)`` split decisions; values at
+            patches that are not candidates are ignored.
+        finest_shape: ``(..., Hf, Wf)`` used when there is a single level.
+
+    Returns:
+        ``keep`` for every level and ``candidates`` for every non-finest level.
+    """
+    if not decisions:
+        return [torch.ones(tuple(finest_shape), dtype=torch.bool)], []
+    active = torch.ones_like(decisions[0], dtype=torch.bool)
+    keep, candidates = [], []
+    for split in decisions:
+        split = split.bool()
+        candidates.append(active)
+        keep.append(active & ~split)
+        active = upsample2(active & split)
+    keep.append(active)
+    return keep, candidates
+
+
+def count_tokens(decisions: Sequence[Tensor]) -> Tensor:
+    """Tokens per image implied by ``decisions`` (any leading batch dims)."""
+    keep, _ = leaf_masks(decisions, ())
+    return sum(k.flatten(-2).sum(-1) for k in keep)
+
+
+def fraction_of(decisions: Sequence[Tensor]) -> Tensor:
+    """Token fraction per image implied by ``decisions`` (at least one non-finest level)."""
+    finest = decisions[-1].shape[-2] * 2 * decisions[-1].shape[-1] * 2
+    return count_tokens(decisions).float() / finest
+
+
+def bernoulli_stats(
+    logits: Sequence[Tensor], decisions: Sequence[Tensor], candidates: Sequence[Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Per-image log-probability and entropy of the decisions taken at candidate patches."""
+    log_prob = logits[0].new_zeros(logits[0].shape[0])
+    entropy = logits[0].new_zeros(logits[0].shape[0])
+    for logit, split, cand in zip(logits, decisions, candidates, strict=True):
+        logit = logit.float()
+        lp = torch.where(split, F.logsigmoid(logit), F.logsigmoid(-logit))
+        p = torch.sigmoid(logit)
+        ent = F.binary_cross_entropy_with_logits(logit, p, reduction="none")
+        cand = cand.to(logit.dtype)
+        log_prob = log_prob + (lp * cand).flatten(1).sum(1)
+        entropy = entropy + (ent * cand).flatten(1).sum(1)
+    return log_prob, entropy
+
+
+@lru_cache(maxsize=64)
+def _token_table(
+    levels: Levels, grids: tuple[tuple[int, int], ...], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Level and finest-grid box of every patch of every level, flattened level after level."""
+    level_ids, boxes = [], []
+    for k, (h, w) in enumerate(grids):
+        side = levels.cells(k)
+        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        x0, y0 = xs.reshape(-1) * side, ys.reshape(-1) * side
+        boxes.append(torch.stack([x0, y0, x0 + side, y0 + side], dim=1))
+        level_ids.append(torch.full((h * w,), k, dtype=torch.long))
+    return torch.cat(level_ids).to(device), torch.cat(boxes).to(device)
+
+
+def build_layout(
+    level_tokens: Sequence[Tensor],
+    decisions: Sequence[Tensor],
+    levels: Levels,
+    logits: Sequence[Tensor] | None = None,
+) -> TokenLayout:
+    """Pack the tokens the decisions leave standing into a `TokenLayout`.
+
+    Args:
+        level_tokens: per level ``(B, h_k, w_k, D)`` token embeddings, coarse to fine.
+        decisions: per non-finest level ``(B, h_k, w_k)`` bool split decisions.
+        levels: the quadtree's patch sizes.
+        logits: per non-finest level split logits; when given, the layout carries the per-image
+            log-probability and entropy of ``decisions``.
+    """
+    if len(level_tokens) != levels.num or len(decisions) != levels.num - 1:
+        raise ValueError(
+            f"expected {levels.num} token levels and {levels.num - 1} decision levels, "
+            f"got {len(level_tokens)} and {len(decisions)}"
+        )
+    batch, dim = level_tokens[0].shape[0], level_tokens[0].shape[-1]
+    device = level_tokens[0].device
+    grids = tuple((int(t.shape[1]), int(t.shape[2])) for t in level_tokens)
+    finest_cells = grids[-1][0] * grids[-1][1]
+    decisions = [d.to(device=device, dtype=torch.bool) for d in decisions]
+    keep, candidates = leaf_masks(decisions, (batch, *grids[-1]))
+    keep = [k.to(device) for k in keep]
+
+    keep_flat = torch.cat([k.reshape(batch, -1) for k in keep], dim=1)  # (B, M)
+    per_image = keep_flat.shape[1]
+    lengths = keep_flat.sum(1)
+    seqlens = lengths.tolist()  # the one host sync: shapes downstream depend on it
+    total = sum(seqlens)
+
+    # Destination slot of every kept patch in the packed sequence, then its inverse (slot -> patch).
+    keep_all = keep_flat.reshape(-1)
+    dest = torch.where(keep_all, keep_all.long().cumsum(0) - 1, total)
+    source = torch.zeros(total + 1, dtype=torch.long, device=device)
+    source.scatter_(0, dest, torch.arange(keep_all.numel(), device=device))
+    source = source[:total]
+
+    all_tokens = torch.cat([t.reshape(batch, -1, dim) for t in level_tokens], dim=1).reshape(-1, dim)
+    tokens = all_tokens.index_select(0, source)
+    level_table, box_table = _token_table(levels, grids, device)
+    patch = source % per_image
+    cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+
+    # Finest cell -> slot of the token covering it (exactly one level keeps each cell).
+    cover = torch.zeros(batch, *grids[-1], dtype=torch.long, device=device)
+    offset = 0
+    dest = dest.view(batch, per_image)
+    for k, (h, w) in enumerate(grids):
+        slots = dest[:, offset : offset + h * w].view(batch, h, w)
+        offset += h * w
+        side = levels.cells(k)
+        slots_up = slots.repeat_interleave(side, 1).repeat_interleave(side, 2)
+        kept_up = keep[k].repeat_interleave(side, 1).repeat_interleave(side, 2)
+        cover = torch.where(kept_up, slots_up, cover)
+
+    log_prob = entropy = None
+    if logits is not None:
+        log_prob, entropy = bernoulli_stats(logits, decisions, candidates)
+    return TokenLayout(
+        tokens=tokens,
+        cu_seqlens=cu_seqlens,
+        seqlens=seqlens,
+        levels=levels,
+        level=level_table.index_select(0, patch),
+        boxes=box_table.index_select(0, patch),
+        image_index=source // per_image,
+        cover_index=cover,
+        fraction=lengths.float() / finest_cells,
+        decisions=[d & c for d, c in zip(decisions, candidates, strict=True)],
+        candidates=candidates,
+        logits=list(logits) if logits is not None else None,
+        log_prob=log_prob,
+        entropy=entropy,
+    )

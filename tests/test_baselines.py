@@ -1,0 +1,107 @@
+"""Baseline layouts: uniform, coarse, random and pixel entropy (APT)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from splitlab.tokenizer import (
+    Levels,
+    baseline_scores,
+    calibrate_threshold,
+    expected_random_fraction,
+    fraction_of,
+    patch_entropy,
+    random_split_rate,
+)
+
+
+def direct_entropy(patch: torch.Tensor, bins: int = 256) -> float:
+    q = (patch.clamp(0, 1) * bins).long().clamp(max=bins - 1).flatten()
+    counts = torch.bincount(q, minlength=bins).double()
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log2()).sum())
+
+
+def test_entropy_on_hand_made_images() -> None:
+    img = torch.zeros(1, 3, 32, 64)
+    img[..., :, :32] = 0.4  # flat patch -> 0 bits
+    img[..., :16, 32:] = 0.0  # half black, half white -> 1 bit
+    img[..., 16:, 32:] = 1.0
+    ent = patch_entropy(img, 32)
+    assert ent.shape == (1, 1, 2)
+    assert ent[0, 0, 0].item() == pytest.approx(0.0, abs=1e-6)
+    assert ent[0, 0, 1].item() == pytest.approx(1.0, abs=1e-6)
+    quarters = torch.tensor([0.0, 0.3, 0.6, 0.9]).repeat_interleave(4).view(1, 1, 4, 4).expand(1, 3, 4, 4)
+    assert patch_entropy(quarters, 4)[0, 0, 0].item() == pytest.approx(2.0, abs=1e-6)
+
+
+def test_entropy_matches_a_direct_histogram() -> None:
+    gen = torch.Generator().manual_seed(0)
+    img = torch.rand(2, 3, 64, 64, generator=gen) ** 2
+    gray = 0.299 * img[:, 0] + 0.587 * img[:, 1] + 0.114 * img[:, 2]
+    ent = patch_entropy(img, 16)
+    for b in range(2):
+        for i in range(4):
+            for j in range(4):
+                want = direct_entropy(gray[b, 16 * i : 16 * i + 16, 16 * j : 16 * j + 16])
+                assert ent[b, i, j].item() == pytest.approx(want, abs=1e-4)
+
+
+def test_entropy_undoes_normalisation() -> None:
+    img = torch.zeros(1, 3, 16, 16)
+    img[..., 8:, :] = 1.0
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    normed = (img - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    assert patch_entropy(normed, 16, mean=mean, std=std)[0, 0, 0].item() == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("levels", [(32, 16), (64, 32, 16), (128, 64, 32, 16)])
+@pytest.mark.parametrize("target", [0.3, 0.5, 0.7, 0.95])
+def test_random_rate_meets_the_target_in_expectation(levels, target) -> None:
+    lv = Levels(levels)
+    if target < lv.min_fraction:
+        pytest.skip("unreachable")
+    rate = random_split_rate(target, lv)
+    assert expected_random_fraction(rate, lv.num) == pytest.approx(target, abs=1e-9)
+    scores, threshold = baseline_scores(
+        "random",
+        torch.zeros(400, 3, 128, 128),
+        lv,
+        fraction=target,
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert fraction_of([s > threshold for s in scores]).mean().item() == pytest.approx(target, abs=0.02)
+
+
+def test_uniform_and_coarse_extremes() -> None:
+    lv = Levels((64, 32, 16))
+    x = torch.zeros(2, 3, 128, 64)
+    for name, want in [("uniform", 1.0), ("coarse", 1 / 16)]:
+        scores, t = baseline_scores(name, x, lv)
+        assert torch.allclose(fraction_of([s > t for s in scores]), torch.full((2,), want))
+
+
+def test_entropy_threshold_calibration_meets_the_target() -> None:
+    lv = Levels((64, 32, 16))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(16, 3, 128, 128, generator=gen) * torch.rand(16, 1, 1, 1, generator=gen)
+    x[:, :, :64] = 0.5 * x[:, :, :64].round()
+    scores, t = baseline_scores("entropy", x, lv, fraction=0.5)
+    achieved = fraction_of([s > t for s in scores]).mean().item()
+    assert achieved == pytest.approx(0.5, abs=0.03)
+    # a threshold calibrated on the batch is the one the helper returns for the same scores
+    assert calibrate_threshold(scores, 0.5) == pytest.approx(t)
+
+
+def test_unknown_baseline_and_missing_fraction() -> None:
+    lv = Levels((32, 16))
+    with pytest.raises(ValueError, match="unknown baseline 'apt'"):
+        baseline_scores("apt", torch.zeros(1, 3, 32, 32), lv)
+    with pytest.raises(ValueError, match="target fraction"):
+        baseline_scores("random", torch.zeros(1, 3, 32, 32), lv)
+    with pytest.raises(ValueError, match="target_fraction=0.1 is outside"):
+        baseline_scores("random", torch.zeros(1, 3, 32, 32), lv, fraction=0.1)
+    assert math.isfinite(random_split_rate(1.0, lv))

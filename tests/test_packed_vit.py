@@ -1,0 +1,107 @@
+"""`PackedViT`: uniform equivalence with timm, packed = per-image, clear refusals."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+from splitlab.backbone import PackedViT
+from splitlab.tokenizer import Levels, SplitTokenizer, baseline_scores
+
+
+def uniform_layout(tokenizer, backbone, x):
+    scores, threshold = baseline_scores("uniform", x, tokenizer.levels)
+    return tokenizer(x, backbone, mode="scores", scores=scores, threshold=threshold)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("vit_tiny_patch16_224", {}),
+        ("test_vit", {}),
+        ("vit_tiny_patch16_224", {"depth": 2, "reg_tokens": 4, "no_embed_class": True}),
+        ("vit_tiny_patch16_224", {"depth": 2, "class_token": False, "global_pool": "avg", "img_size": 128}),
+        ("vit_small_patch14_dinov2", {"depth": 2, "img_size": 112}),
+        ("vit_tiny_patch16_224", {"depth": 2, "block_fn": timm.models.vision_transformer.ResPostBlock}),
+    ],
+)
+def test_uniform_layout_equals_timm_forward_features(name, kwargs) -> None:
+    backbone = PackedViT(name, **kwargs).eval()
+    levels = Levels.default(backbone.patch_size, backbone.img_size)
+    tokenizer = SplitTokenizer(backbone.embed_dim, levels).eval()
+    x = torch.randn(3, 3, *backbone.img_size)
+    with torch.no_grad():
+        reference = backbone.model.forward_features(x)
+        features = backbone(uniform_layout(tokenizer, backbone, x))
+        packed = torch.stack(features.per_image())
+        assert packed.shape == reference.shape
+        assert (packed - reference).abs().max().item() <= 1e-4
+        head = backbone.forward_head(features)
+        assert (head - backbone.model.forward_head(reference)).abs().max().item() <= 1e-4
+
+
+def test_intermediates_match_timm(tiny_vit, tiny_tokenizer) -> None:
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        features = tiny_vit(uniform_layout(tiny_tokenizer, tiny_vit, x), indices=[0, 1])
+        _, reference = tiny_vit.model.forward_intermediates(x, indices=[0, 1], norm=False, output_fmt="NLC")
+    for got, want in zip(features.intermediates, reference, strict=True):
+        assert (got.view(3, 16, -1) - want).abs().max().item() <= 1e-5
+
+
+def test_packed_batch_equals_each_image_alone(tiny_vit, tiny_tokenizer) -> None:
+    x = torch.randn(5, 3, 64, 64)
+    gen = torch.Generator().manual_seed(0)
+    labels = [torch.rand(5, 1, 1, generator=gen) < 0.7, torch.rand(5, 2, 2, generator=gen) < 0.5]
+    with torch.no_grad():
+        batch = tiny_vit(tiny_tokenizer(x, tiny_vit, mode="labels", labels=labels), indices=1)
+        assert len(set(batch.layout.seqlens)) > 1  # the images really have different lengths
+        for i in range(5):
+            single = tiny_vit(
+                tiny_tokenizer(
+                    x[i : i + 1], tiny_vit, mode="labels", labels=[lab[i : i + 1] for lab in labels]
+                ),
+                indices=1,
+            )
+            assert (single.per_image()[0] - batch.per_image()[i]).abs().max().item() <= 1e-5
+            assert (
+                single.intermediates[0] - batch.layout.split(batch.intermediates[0])[i]
+            ).abs().max() <= 1e-5
+
+
+def test_gradients_flow_through_packing(tiny_vit, tiny_tokenizer) -> None:
+    tiny_vit.train()
+    tiny_tokenizer.train()
+    x = torch.randn(2, 3, 64, 64)
+    layout = tiny_tokenizer(x, tiny_vit, mode="sample")
+    features = tiny_vit(layout)
+    (features.tokens.sum() + features.prefix.sum()).backward()
+    assert tiny_vit.model.patch_embed.proj.weight.grad.abs().sum() > 0
+    assert tiny_vit.model.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+    assert tiny_vit.model.cls_token.grad.abs().sum() > 0
+
+
+def test_dense_model_still_works_after_patching(tiny_vit) -> None:
+    x = torch.randn(2, 3, 64, 64)
+    fresh = timm.create_model("test_vit", img_size=64, depth=2).eval()
+    fresh.load_state_dict(tiny_vit.model.state_dict())
+    with torch.no_grad():
+        assert torch.allclose(tiny_vit.model(x), fresh(x), atol=1e-6)
+
+
+def test_unknown_model_names_the_setting() -> None:
+    with pytest.raises(ValueError, match="model_name='vit_nonexistent_patch16' is not a timm model"):
+        PackedViT("vit_nonexistent_patch16")
+
+
+def test_non_vit_model_is_refused() -> None:
+    with pytest.raises(ValueError, match="model_name='resnet18' builds a timm ResNet"):
+        PackedViT("resnet18")
+
+
+def test_unsupported_attention_is_refused() -> None:
+    with pytest.raises(ValueError, match="attention type NoneType is not timm's Attention"):
+        PackedViT(
+            "vit_tiny_patch16_224", depth=1, block_fn=timm.models.vision_transformer.ParallelScalingBlock
+        )

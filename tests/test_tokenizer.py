@@ -1,0 +1,114 @@
+"""The SPLIT tokenizer's modes, embeddings and decision module."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from timm.layers import resample_abs_pos_embed
+
+from splitlab.tokenizer import SplitTokenizer
+
+
+def images(n: int = 3, size: int = 64) -> torch.Tensor:
+    return torch.randn(n, 3, size, size)
+
+
+def test_threshold_mode_is_deterministic_and_thresholds_p(tiny_vit, tiny_tokenizer) -> None:
+    x = images(4)
+    with torch.no_grad():
+        a, b = tiny_tokenizer(x, tiny_vit), tiny_tokenizer(x, tiny_vit)
+    assert a.seqlens == b.seqlens and torch.equal(a.tokens, b.tokens)
+    for taken, cand, logit in zip(a.decisions, a.candidates, a.logits, strict=True):
+        assert torch.equal(taken, (torch.sigmoid(logit) > 0.5) & cand)
+    assert 0 < sum(int(d.sum()) for d in a.decisions) < sum(int(c.sum()) for c in a.candidates)
+
+
+def test_labels_mode_reproduces_the_given_decisions(tiny_vit, tiny_tokenizer) -> None:
+    x = images(3)
+    gen = torch.Generator().manual_seed(1)
+    labels = [torch.rand(3, 1, 1, generator=gen) < 2, torch.rand(3, 2, 2, generator=gen) < 0.5]
+    with torch.no_grad():
+        layout = tiny_tokenizer(x, tiny_vit, mode="labels", labels=labels)
+    assert torch.equal(layout.decisions[0], labels[0])
+    assert torch.equal(layout.decisions[1], labels[1])  # every level-1 patch is a candidate here
+    assert layout.seqlens == [4 + 3 * int(v) for v in labels[1].flatten(1).sum(1)]
+
+
+def test_sample_log_prob_is_the_bernoulli_likelihood(tiny_vit, tiny_tokenizer) -> None:
+    x = images(5)
+    with torch.no_grad():
+        layout = tiny_tokenizer(x, tiny_vit, mode="sample", generator=torch.Generator().manual_seed(3))
+    expected_lp = torch.zeros(5, dtype=torch.float64)
+    expected_ent = torch.zeros(5, dtype=torch.float64)
+    for taken, cand, logit in zip(layout.decisions, layout.candidates, layout.logits, strict=True):
+        p = torch.sigmoid(logit.double())
+        for img in range(5):
+            for y, xx in cand[img].nonzero().tolist():
+                pi = p[img, y, xx]
+                expected_lp[img] += torch.log(pi if taken[img, y, xx] else 1 - pi)
+                expected_ent[img] -= pi * torch.log(pi) + (1 - pi) * torch.log(1 - pi)
+    assert torch.allclose(layout.log_prob.double(), expected_lp, atol=1e-5)
+    assert torch.allclose(layout.entropy.double(), expected_ent, atol=1e-5)
+
+
+def test_sampling_follows_p_split(tiny_vit) -> None:
+    tok = SplitTokenizer(tiny_vit.embed_dim, (32, 16), decision_dim=32, decision_heads=2)
+    torch.nn.init.zeros_(tok.decision.mlp.fc2.weight)
+    torch.nn.init.constant_(tok.decision.mlp.fc2.bias, 1.0)  # p = sigmoid(1) = 0.731 everywhere
+    with torch.no_grad():
+        layout = tok(images(64), tiny_vit, mode="sample", generator=torch.Generator().manual_seed(0))
+    rate = layout.decisions[0].float().mean().item()
+    assert abs(rate - torch.sigmoid(torch.tensor(1.0)).item()) < 0.04  # 1024 draws: 4 sigma ~ 0.055
+
+
+def test_scores_mode_skips_the_policy(tiny_vit, tiny_tokenizer) -> None:
+    scores = [torch.full((2, 1, 1), 5.0), torch.tensor([[[1.0, 9.0], [9.0, 1.0]]] * 2)]
+    with torch.no_grad():
+        layout = tiny_tokenizer(images(2), tiny_vit, mode="scores", scores=scores, threshold=4.0)
+    assert layout.logits is None and layout.log_prob is None
+    assert layout.seqlens == [2 + 2 * 4] * 2
+
+
+def test_coarse_tokens_start_as_downsampled_patch_embeddings(tiny_vit, tiny_tokenizer) -> None:
+    x = images(2)
+    with torch.no_grad():
+        tokens, _ = tiny_tokenizer.embed(x, tiny_vit)
+        small = F.interpolate(x, size=(16, 16), mode="bilinear", antialias=True, align_corners=False)
+        expected = tiny_vit.model.patch_embed.proj(small).permute(0, 2, 3, 1)
+        pos = tiny_vit.model.pos_embed[:, 1:]
+        expected = expected + resample_abs_pos_embed(pos, [1, 1], old_size=[4, 4], num_prefix_tokens=0).view(
+            1, 1, 1, -1
+        )
+    assert torch.allclose(
+        tokens[0], expected, atol=1e-5
+    )  # zero-initialised child projection and level embedding
+    fine = tiny_vit.model.patch_embed.proj(x).flatten(2).transpose(1, 2) + tiny_vit.model.pos_embed[:, 1:]
+    assert torch.allclose(tokens[-1].flatten(1, 2), fine, atol=1e-6)
+
+
+def test_bad_inputs_name_the_setting(tiny_vit, tiny_tokenizer) -> None:
+    with pytest.raises(ValueError, match="image size 48x48 is not divisible by the coarsest level"):
+        tiny_tokenizer(torch.randn(1, 3, 48, 48), tiny_vit)
+    with pytest.raises(ValueError, match="finest level must equal the backbone's patch size"):
+        SplitTokenizer(64, (28, 14))(images(1), tiny_vit)
+    with pytest.raises(ValueError, match="mode='labels' needs labels"):
+        tiny_tokenizer(images(1), tiny_vit, mode="labels")
+    with pytest.raises(ValueError, match="mode="):
+        tiny_tokenizer(images(1), tiny_vit, mode="greedy")
+    with pytest.raises(ValueError, match="decision_dim=30 must be divisible"):
+        SplitTokenizer(64, (32, 16), decision_dim=30, decision_heads=4)
+
+
+def test_decision_module_is_a_small_fraction_of_a_block() -> None:
+    from timm.models.vision_transformer import Block
+    from torch.utils.flop_counter import FlopCounterMode
+
+    dim, levels = 768, (64, 32, 16)
+    tok = SplitTokenizer(dim, levels)
+    tokens = [torch.randn(1, 256 // s, 256 // s, dim) for s in levels]  # a 256 px image
+    with FlopCounterMode(display=False) as decide:
+        tok.decision_logits(tokens)
+    with FlopCounterMode(display=False) as block:
+        Block(dim, num_heads=12)(torch.randn(1, 256, dim))  # one block on the finest grid
+    assert decide.get_total_flops() < 0.05 * block.get_total_flops()

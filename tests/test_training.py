@@ -1,0 +1,189 @@
+"""Two-stage training end to end on tiny generated data: CLI, stages, freezing, resume, summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_args
+
+from splitlab.callbacks import SplitSchedule
+from splitlab.cli import lightning_main
+
+
+def fit(root, log_dir, *extra: str):
+    return lightning_main(["fit", *tiny_args(root, log_dir, *extra)])
+
+
+def schedule_args(warm: int, rl: int, dense: int = 0) -> list[str]:
+    """Override the trainer's callbacks: this schedule, pictures, and a checkpoint every epoch."""
+    callbacks = [
+        {
+            "class_path": "splitlab.callbacks.SplitSchedule",
+            "init_args": {"warm_start_epochs": warm, "rl_epochs": rl, "dense_epochs": dense},
+        },
+        {"class_path": "splitlab.callbacks.TokenMapPictures"},
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"save_last": True, "save_top_k": -1},
+        },
+    ]
+    return [f"--trainer.max_epochs={dense + warm + rl}", f"--trainer.callbacks={json.dumps(callbacks)}"]
+
+
+def test_stage_of_each_epoch() -> None:
+    sched = SplitSchedule(warm_start_epochs=2, rl_epochs=3, dense_epochs=1)
+    assert [sched.stage_at(e) for e in range(7)] == [
+        "dense",
+        "warm_start",
+        "warm_start",
+        "ppo",
+        "ppo",
+        "ppo",
+        "ppo",
+    ]
+    assert SplitSchedule(0, 0, 2).stage_at(5) == "dense"
+    with pytest.raises(ValueError, match="rl_epochs=-1 must be >= 0"):
+        SplitSchedule(1, -1)
+
+
+def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
+    cli = fit(shapes_root, tmp_path, *schedule_args(1, 1))
+    assert cli.model.stage == "ppo"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["task"] == "classification" and summary["metric"] == "top1"
+    assert summary["target_fraction"] == 0.5 and summary["lambda"] >= 0
+    assert set(summary["policies"]) == {"learned", "uniform", "random", "entropy"}
+    for row in summary["policies"].values():
+        assert set(row) >= {"metric", "token_fraction_mean", "token_fraction_std", "images_per_second"}
+        assert 0 <= row["metric"] <= 1 and row["images_per_second"] > 0
+    assert summary["policies"]["uniform"]["token_fraction_mean"] == 1.0
+    assert sorted(p.name for p in (tmp_path / "token_maps").glob("*.png")) == [
+        "epoch_000.png",
+        "epoch_001.png",
+    ]
+
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    assert ckpt.exists()
+    for command in ("validate", "test"):
+        out = tmp_path / command
+        lightning_main([command, *tiny_args(shapes_root, out), f"--ckpt_path={ckpt}"])
+        record = json.loads((out / "summary.json").read_text())
+        assert record["stage"] == command and record["lambda"] == pytest.approx(summary["lambda"])
+        assert set(record["policies"]) == {"learned", "uniform", "random", "entropy"}
+    out = tmp_path / "predict"
+    lightning_main(
+        [
+            "predict",
+            *tiny_args(shapes_root, out),
+            f"--ckpt_path={ckpt}",
+            "--trainer.callbacks+=splitlab.callbacks.LayoutWriter",
+        ]
+    )
+    lines = [json.loads(line) for line in (out / "layouts.jsonl").read_text().splitlines()]
+    assert len(lines) == 12  # 3 test images x 4 classes
+    for rec in lines:
+        area = sum((x1 - x0) * (y1 - y0) for x0, y0, x1, y1, _ in rec["tokens"])
+        assert area == 64 * 64 and rec["token_fraction"] == pytest.approx(len(rec["tokens"]) / 64)
+
+
+def test_ppo_changes_only_the_policy(shapes_root, tmp_path) -> None:
+    cli = fit(shapes_root, tmp_path, *schedule_args(1, 1))
+    start = torch.load(next((tmp_path / "checkpoints").glob("epoch=0-*.ckpt")), weights_only=False)[
+        "state_dict"
+    ]
+    end = cli.model.state_dict()
+    frozen = [k for k in start if k.startswith(("backbone.", "tokenizer.embed."))]
+    policy = [k for k in start if k.startswith("tokenizer.decision.")]
+    assert frozen and policy
+    assert all(torch.equal(start[k], end[k]) for k in frozen)
+    assert any(not torch.equal(start[k], end[k]) for k in policy)
+    assert not torch.equal(start["controller.steps"], end["controller.steps"])
+
+
+@pytest.mark.parametrize("resume_epoch", [0, 1, 2], ids=["inside-warm-start", "stage-boundary", "inside-ppo"])
+def test_resume_matches_the_uninterrupted_run(shapes_root, tmp_path, resume_epoch) -> None:
+    full = fit(shapes_root, tmp_path / "full", *schedule_args(2, 2))
+    ckpt = next((tmp_path / "full" / "checkpoints").glob(f"epoch={resume_epoch}-*.ckpt"))
+    resumed = fit(shapes_root, tmp_path / "resumed", *schedule_args(2, 2), f"--ckpt_path={ckpt}")
+    a, b = full.model.state_dict(), resumed.model.state_dict()
+    assert a.keys() == b.keys()
+    mismatched = [k for k in a if not torch.allclose(a[k].float(), b[k].float(), atol=1e-6)]
+    assert not mismatched, mismatched[:5]
+    assert resumed.model.controller.value == pytest.approx(full.model.controller.value)
+    assert resumed.model.stage == full.model.stage == "ppo"
+
+
+def test_epochs_above_max_epochs_are_refused(shapes_root, tmp_path) -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"dense_epochs \+ warm_start_epochs \+ rl_epochs = 0 \+ 2 \+ 2 = 4 is above trainer.max_epochs=3",
+    ):
+        fit(shapes_root, tmp_path, *schedule_args(2, 2), "--trainer.max_epochs=3")
+
+
+def test_unreachable_target_fraction_is_refused(shapes_root, tmp_path) -> None:
+    with pytest.raises(
+        ValueError, match=r"target_fraction=0.05 is outside the range levels=\(32, 16, 8\) can reach"
+    ):
+        fit(shapes_root, tmp_path, "--model.init_args.target_fraction=0.05")
+
+
+def test_missing_dataset_path(tmp_path) -> None:
+    # raised while the CLI instantiates the DataModule (jsonargparse wraps it): before any model is built
+    with pytest.raises(
+        (FileNotFoundError, ValueError), match="data.root='/no/such/dataset': no such directory"
+    ):
+        fit("/no/such/dataset", tmp_path)
+
+
+def test_empty_class_folder(shapes_root, tmp_path) -> None:
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    for f in (root / "val" / "dots").iterdir():
+        f.unlink()
+    with pytest.raises(ValueError, match=r"class folder\(s\) \['dots'\] in val/ hold no images"):
+        fit(root, tmp_path / "logs")
+
+
+def test_corrupt_image_is_skipped_with_a_warning(shapes_root, tmp_path) -> None:
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    bad = sorted((root / "train" / "checks").glob("*.png"))[0]
+    bad.write_bytes(b"not a png")
+    with pytest.warns(UserWarning, match=f"skipping corrupt image .*{bad.name}"):
+        fit(root, tmp_path / "logs", *schedule_args(1, 0))
+
+
+def test_hf_dataset_from_a_local_path(tmp_path) -> None:
+    from splitlab.data import ImageClassificationData, generate_shapes
+
+    path = generate_shapes(tmp_path / "hf", train=2, val=1, test=1, fmt="hf")
+    dm = ImageClassificationData(
+        hf_dataset=str(path), val_split="validation", img_size=64, crop_pct=1.0, num_workers=0, batch_size=4
+    )
+    dm.setup("fit")
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.shape == (4, 3, 64, 64) and dm.classes == ["hstripes", "vstripes", "checks", "dots"]
+    assert len(dm.datasets["val"]) == 4 and labels.dtype == torch.int64
+    with pytest.raises(ValueError, match="no column \\['img'\\]"):
+        ImageClassificationData(hf_dataset=str(path), image_column="img", num_workers=0).setup("fit")
+
+
+def test_shapes_generator_cli(tmp_path) -> None:
+    from splitlab.tools import run
+
+    assert (
+        run(["data", "shapes", "--out", str(tmp_path / "s"), "--train", "1", "--val", "1", "--test", "1"])
+        == 0
+    )
+    files = sorted(Path(tmp_path / "s").rglob("*.png"))
+    assert len(files) == 12
+    meta = json.loads((tmp_path / "s" / "splitlab_dataset.json").read_text())
+    assert meta["classes"] == ["hstripes", "vstripes", "checks", "dots"]
