@@ -121,7 +121,12 @@ def run(argv: Sequence[str]) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _data_parser(sub)
     _demo_parser(sub)
+    from splitlab import bench
+
+    bench.add_parser(sub)
     args = parser.parse_args(list(argv))
+    if args.command == "bench":
+        return bench.main(args)
     if args.command == "data":
         return run_data(args)
     if args.command == "demo":

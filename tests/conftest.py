@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -58,3 +60,19 @@ def tiny_args(root, log_dir, *extra: str) -> list[str]:
         "--model.init_args.ppo.epochs=2",
         *extra,
     ]
+
+
+def schedule_args(warm: int, rl: int, dense: int = 0) -> list[str]:
+    """Override the trainer's callbacks: this schedule, pictures, and a checkpoint every epoch."""
+    callbacks = [
+        {
+            "class_path": "splitlab.callbacks.SplitSchedule",
+            "init_args": {"warm_start_epochs": warm, "rl_epochs": rl, "dense_epochs": dense},
+        },
+        {"class_path": "splitlab.callbacks.TokenMapPictures"},
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"save_last": True, "save_top_k": -1},
+        },
+    ]
+    return [f"--trainer.max_epochs={dense + warm + rl}", f"--trainer.callbacks={json.dumps(callbacks)}"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_args
+from conftest import schedule_args, tiny_args
 
 from splitlab.callbacks import SplitSchedule
 from splitlab.cli import lightning_main
@@ -15,22 +15,6 @@ from splitlab.cli import lightning_main
 
 def fit(root, log_dir, *extra: str):
     return lightning_main(["fit", *tiny_args(root, log_dir, *extra)])
-
-
-def schedule_args(warm: int, rl: int, dense: int = 0) -> list[str]:
-    """Override the trainer's callbacks: this schedule, pictures, and a checkpoint every epoch."""
-    callbacks = [
-        {
-            "class_path": "splitlab.callbacks.SplitSchedule",
-            "init_args": {"warm_start_epochs": warm, "rl_epochs": rl, "dense_epochs": dense},
-        },
-        {"class_path": "splitlab.callbacks.TokenMapPictures"},
-        {
-            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-            "init_args": {"save_last": True, "save_top_k": -1},
-        },
-    ]
-    return [f"--trainer.max_epochs={dense + warm + rl}", f"--trainer.callbacks={json.dumps(callbacks)}"]
 
 
 def test_stage_of_each_epoch() -> None:

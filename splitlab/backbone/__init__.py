@@ -7,6 +7,7 @@ from splitlab.backbone.attention import (
     available_backends,
     resolve_backend,
 )
+from splitlab.backbone.flops import backbone_flops, block_flops
 from splitlab.backbone.packed_vit import PackedAttention, PackedFeatures, PackedViT, create_vit
 
 __all__ = [
@@ -17,6 +18,8 @@ __all__ = [
     "PackedSequence",
     "PackedViT",
     "available_backends",
+    "backbone_flops",
+    "block_flops",
     "create_vit",
     "resolve_backend",
 ]

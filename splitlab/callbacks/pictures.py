@@ -29,7 +29,8 @@ def draw_token_map(
     count = min(count, images.shape[0])
     x = images[:count].detach().float().cpu()
     x = x * torch.tensor(std).view(1, -1, 1, 1) + torch.tensor(mean).view(1, -1, 1, 1)
-    x = (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    x = 0.25 + 0.5 * x.clamp(0, 1)  # dimmed, so the boxes stand out on busy images
+    x = (x * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
     h, w = x.shape[1] * scale, x.shape[2] * scale
     sheet = Image.new("RGB", (count * (w + 4), h), (0, 0, 0))
     finest = layout.levels.finest * scale
@@ -39,7 +40,10 @@ def draw_token_map(
         draw = ImageDraw.Draw(tile)
         for (x0, y0, x1, y1), level in zip(boxes[i].tolist(), levels[i].tolist(), strict=True):
             colour = LEVEL_COLOURS[level % len(LEVEL_COLOURS)]
-            draw.rectangle([x0 * finest, y0 * finest, x1 * finest - 1, y1 * finest - 1], outline=colour)
+            width = 2 if scale > 1 and level < layout.levels.num - 1 else 1
+            draw.rectangle(
+                [x0 * finest, y0 * finest, x1 * finest - 1, y1 * finest - 1], outline=colour, width=width
+            )
         sheet.paste(tile, (i * (w + 4), 0))
     return sheet
 

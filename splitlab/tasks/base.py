@@ -589,6 +589,7 @@ class SplitTask(LightningModule):
     # ----------------------------------------------------------------------------- checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["splitlab"] = {
+            "task_class": f"{type(self).__module__}.{type(self).__qualname__}",
             "stage": self.stage,
             "generator": self.generator.get_state(),
             "levels": list(self.levels.sizes),
@@ -601,3 +602,18 @@ class SplitTask(LightningModule):
         if "generator" in state:
             self._generator = None
             self._pending_generator_state = state["generator"]
+
+
+def load_task(path: str | Path, map_location: Any = "cpu") -> SplitTask:
+    """Load any splitlab task checkpoint (the task class is recorded in it)."""
+    import importlib
+
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r}: no such file")
+    meta = torch.load(file, map_location="cpu", weights_only=False).get("splitlab", {})
+    if "task_class" not in meta:
+        raise ValueError(f"checkpoint {str(path)!r} was not written by a splitlab task")
+    module, _, name = meta["task_class"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    return cls.load_from_checkpoint(file, map_location=map_location)

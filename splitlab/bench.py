@@ -1,0 +1,323 @@
+"""`splitlab bench`: SPLIT's throughput against timm's uniform grid, on the same batch, in one process.
+
+Method (as ToMe measures): warm up and discard, then interleave the two paths iteration by
+iteration, synchronising CUDA before every clock read. The SPLIT path is end to end: multi-scale
+embedding, decisions, quadtree walk, packed backbone and head. A separate instrumented pass times
+each part (embed / decide / walk / backbone). The ideal speed-up counts backbone FLOPs of the
+uniform and the packed sequences (linear layers grow with N, attention with N² per image).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from splitlab.backbone import PackedViT, backbone_flops
+from splitlab.tokenizer import Levels, SplitTokenizer, build_layout, calibrate_threshold
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class BenchConfig:
+    """What to measure (see ``splitlab bench --help``)."""
+
+    model: str = "vit_base_patch16_224"
+    img_size: int | None = None
+    batch_size: int = 8
+    dtype: str = "float32"
+    device: str = "cpu"
+    levels: Sequence[int] | None = None
+    ckpt: str | None = None
+    fraction: float | None = 0.7
+    images: str | None = None
+    warmup: int = 2
+    iters: int = 5
+    attn_backend: str = "auto"
+    compile: bool = False
+    seed: int = 0
+
+
+def _device(name: str) -> torch.device:
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    return device
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _load_images(path: str, count: int, size: int, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    from PIL import Image
+    from timm.data import create_transform
+
+    files = sorted(p for p in Path(path).rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"))
+    if not files:
+        raise FileNotFoundError(f"--images {path}: no .png/.jpg/.jpeg/.webp files")
+    transform = create_transform(input_size=(3, size, size), crop_pct=1.0, mean=mean, std=std)
+    batch = [transform(Image.open(files[i % len(files)]).convert("RGB")) for i in range(count)]
+    return torch.stack(batch)
+
+
+def build(cfg: BenchConfig, device: torch.device) -> tuple[PackedViT, SplitTokenizer]:
+    """Backbone and tokenizer: from a SPLIT checkpoint, or fresh (random init) around a timm model."""
+    if cfg.ckpt:
+        from splitlab.tasks.base import load_task
+
+        task = load_task(cfg.ckpt, map_location="cpu")
+        backbone, tokenizer = task.backbone, task.tokenizer
+        backbone.attn_backend = cfg.attn_backend
+        return backbone.to(device).eval(), tokenizer.to(device).eval()
+    kwargs = {"img_size": cfg.img_size} if cfg.img_size else {}
+    backbone = PackedViT(cfg.model, attn_backend=cfg.attn_backend, **kwargs)
+    levels = (
+        Levels.build(cfg.levels, backbone.patch_size)
+        if cfg.levels
+        else Levels.default(backbone.patch_size, backbone.img_size)
+    )
+    levels.check_image(backbone.img_size)
+    tokenizer = SplitTokenizer(backbone.embed_dim, levels)
+    return backbone.to(device).eval(), tokenizer.to(device).eval()
+
+
+@torch.inference_mode()
+def calibrate_policy(
+    tokenizer: SplitTokenizer, backbone: PackedViT, images: Tensor, fraction: float
+) -> float:
+    """Shift the decision module's output bias so that threshold mode meets ``fraction`` on ``images``.
+
+    The split path then runs exactly as in deployment (p > 0.5), at a known token count.
+    """
+    tokenizer.levels.check_fraction(fraction, "--fraction")
+    tokens, _ = tokenizer.embed(images, backbone)
+    logits = tokenizer.decision_logits(tokens)
+    shift = calibrate_threshold(logits, fraction)
+    tokenizer.decision.mlp.fc2.bias -= shift
+    return shift
+
+
+def _split_forward(tokenizer: SplitTokenizer, backbone: PackedViT) -> Callable[[Tensor], Any]:
+    def run(images: Tensor) -> Tensor:
+        layout = tokenizer(images, backbone, mode="threshold")
+        return backbone.forward_head(backbone(layout))
+
+    return run
+
+
+def _timed(fn: Callable[[], Any], device: torch.device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None  # no per-path peak on CPU without an allocator hook; reported on CUDA
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    _sync(device)
+    return torch.cuda.max_memory_allocated(device) / 2**20
+
+
+@torch.inference_mode()
+def breakdown(
+    tokenizer: SplitTokenizer, backbone: PackedViT, images: Tensor, iters: int, device: torch.device
+) -> dict[str, float]:
+    """Seconds per batch in embed / decide / walk / backbone (instrumented pass, syncs between parts)."""
+    parts = dict.fromkeys(("embed", "decide", "walk", "backbone"), 0.0)
+    for _ in range(iters):
+        _sync(device)
+        t0 = time.perf_counter()
+        tokens, _ = tokenizer.embed(images, backbone)
+        _sync(device)
+        t1 = time.perf_counter()
+        logits = tokenizer.decision_logits(tokens)
+        _sync(device)
+        t2 = time.perf_counter()
+        layout = build_layout(tokens, [lg > 0 for lg in logits], tokenizer.levels, logits)
+        _sync(device)
+        t3 = time.perf_counter()
+        backbone.forward_head(backbone(layout))
+        _sync(device)
+        t4 = time.perf_counter()
+        for key, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            parts[key] += dt / iters
+    return parts
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Measure and return the table's numbers (see the module docstring)."""
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"--dtype {cfg.dtype}: expected one of {sorted(DTYPES)}")
+    if cfg.ckpt is None and cfg.fraction is None:
+        raise ValueError("give --ckpt (a trained SPLIT checkpoint) or --fraction (a calibrated layout)")
+    device = _device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    backbone, tokenizer = build(cfg, device)
+    size = backbone.img_size
+    if cfg.img_size and cfg.ckpt and tuple(size) != (cfg.img_size, cfg.img_size):
+        size = (cfg.img_size, cfg.img_size)
+    tokenizer.levels.check_image(size)
+    mean, std = backbone.data_config["mean"], backbone.data_config["std"]
+    if cfg.images:
+        images = _load_images(cfg.images, cfg.batch_size, size[0], mean, std).to(device)
+    else:
+        images = torch.randn(cfg.batch_size, 3, *size, device=device)
+    dtype = DTYPES[cfg.dtype]
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    shift = 0.0
+    if cfg.fraction is not None:  # a trained policy runs as trained unless a fraction is asked for
+        with autocast:
+            shift = calibrate_policy(tokenizer, backbone, images, cfg.fraction)
+    uniform = backbone.model
+    split = _split_forward(tokenizer, backbone)
+    if cfg.compile:  # in place, per block: both paths run the same compiled blocks
+        for block in backbone.model.blocks:
+            block.compile(dynamic=True)
+
+    def run_uniform() -> Any:
+        with torch.inference_mode(), autocast:
+            return uniform(images)
+
+    def run_split() -> Any:
+        with torch.inference_mode(), autocast:
+            return split(images)
+
+    for _ in range(cfg.warmup):
+        run_uniform()
+        run_split()
+    t_uniform = t_split = 0.0
+    for _ in range(cfg.iters):
+        t_uniform += _timed(run_uniform, device)
+        t_split += _timed(run_split, device)
+    with autocast:
+        parts = breakdown(tokenizer, backbone, images, cfg.iters, device)
+        with torch.inference_mode():
+            layout = tokenizer(images, backbone, mode="threshold")
+    prefix = backbone.num_prefix_tokens
+    finest = layout.grid_size[0] * layout.grid_size[1]
+    flops_uniform = backbone_flops(backbone.model, [finest + prefix] * cfg.batch_size)
+    flops_split = backbone_flops(backbone.model, [n + prefix for n in layout.seqlens])
+    images_done = cfg.batch_size * cfg.iters
+    result = {
+        "config": {**asdict(cfg), "levels": list(tokenizer.levels.sizes), "img_size": list(size)},
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu ({torch.get_num_threads()} threads)",
+        "attn_backend": backbone.pack(layout)[1].backend.name,
+        "throughput_uniform": images_done / t_uniform,
+        "throughput_split": images_done / t_split,
+        "speedup": t_uniform / t_split,
+        "ideal_speedup": flops_uniform / flops_split,
+        "token_fraction": float(layout.fraction.mean()),
+        "tokens_uniform": finest,
+        "tokens_split_mean": sum(layout.seqlens) / len(layout.seqlens),
+        "gflops_uniform_per_image": flops_uniform / cfg.batch_size / 1e9,
+        "gflops_split_per_image": flops_split / cfg.batch_size / 1e9,
+        "time_ms": {k: v * 1e3 for k, v in parts.items()},
+        "overhead_fraction": (parts["embed"] + parts["decide"] + parts["walk"]) / parts["backbone"],
+        "peak_memory_mib_uniform": _peak_memory(run_uniform, device),
+        "peak_memory_mib_split": _peak_memory(run_split, device),
+        "policy_bias_shift": shift,
+    }
+    result["speedup_over_ideal"] = result["speedup"] / result["ideal_speedup"]
+    return result
+
+
+def format_bench(r: dict[str, Any]) -> str:
+    """The measurements as a text table."""
+    cfg = r["config"]
+    mem = (
+        f"{r['peak_memory_mib_uniform']:.0f} / {r['peak_memory_mib_split']:.0f} MiB"
+        if r["peak_memory_mib_uniform"] is not None
+        else "n/a on CPU"
+    )
+    t = r["time_ms"]
+    rows = [
+        (
+            "model",
+            f"{cfg['model'] if not cfg['ckpt'] else cfg['ckpt']} @ {cfg['img_size'][0]} px, levels {tuple(cfg['levels'])}",
+        ),
+        ("device / dtype / batch", f"{r['device_name']} / {cfg['dtype']} / {cfg['batch_size']}"),
+        ("attention backend", r["attn_backend"]),
+        (
+            "token fraction",
+            f"{r['token_fraction']:.3f} ({r['tokens_split_mean']:.1f} of {r['tokens_uniform']} tokens)",
+        ),
+        ("uniform (timm) img/s", f"{r['throughput_uniform']:.2f}"),
+        ("SPLIT img/s", f"{r['throughput_split']:.2f}"),
+        ("speed-up", f"{r['speedup']:.3f}x"),
+        (
+            "ideal (FLOP) speed-up",
+            f"{r['ideal_speedup']:.3f}x  (achieved {r['speedup_over_ideal']:.1%} of ideal)",
+        ),
+        (
+            "time embed/decide/walk/backbone",
+            f"{t['embed']:.1f} / {t['decide']:.1f} / {t['walk']:.1f} / {t['backbone']:.1f} ms",
+        ),
+        ("overhead / backbone", f"{r['overhead_fraction']:.1%}"),
+        ("peak memory uniform / SPLIT", mem),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="SPLIT throughput against timm's uniform grid on the same batch")
+    p.add_argument("--model", default="vit_base_patch16_224", help="timm model name (random init)")
+    p.add_argument("--img-size", type=int, default=None, help="image side (default: the model's)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument(
+        "--dtype", default="float32", choices=sorted(DTYPES), help="autocast dtype (float32: none)"
+    )
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--levels", type=int, nargs="+", default=None, help="patch sizes coarse to fine")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--ckpt", default=None, help="a trained SPLIT checkpoint (its policy decides)")
+    source.add_argument(
+        "--fraction", type=float, default=None, help="token fraction of a calibrated layout (default 0.7)"
+    )
+    p.add_argument("--images", default=None, help="a folder of images to use instead of random noise")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--attn-backend", default="auto")
+    p.add_argument("--compile", action="store_true", help="torch.compile the blocks (dynamic shapes)")
+    p.add_argument("--json", default=None, help="also write the numbers to this file")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = BenchConfig(
+        model=args.model,
+        img_size=args.img_size,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        device=args.device,
+        levels=args.levels,
+        ckpt=args.ckpt,
+        fraction=args.fraction if args.fraction is not None or args.ckpt else 0.7,
+        images=args.images,
+        warmup=args.warmup,
+        iters=args.iters,
+        attn_backend=args.attn_backend,
+        compile=args.compile,
+    )
+    result = run_bench(cfg)
+    print(format_bench(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0

@@ -1,0 +1,103 @@
+"""`splitlab bench`: FLOP counting, the measured keys, and clear refusals (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from splitlab.backbone import backbone_flops, block_flops
+from splitlab.bench import BenchConfig, run_bench
+from splitlab.tools import run
+
+
+def test_block_flops_by_hand() -> None:
+    # N = 5 tokens, D = 8, MLP hidden 32: qkv 5*8*24, proj 5*8*8, mlp 2*5*8*32, QK^T and AV 2*5*5*8 (MACs)
+    macs = 5 * 8 * 24 + 5 * 8 * 8 + 2 * 5 * 8 * 32 + 2 * 5 * 5 * 8
+    assert block_flops(5, 8, 32) == 2 * macs
+
+
+def test_backbone_flops_match_torch_flop_counter() -> None:
+    model = timm.create_model("test_vit", img_size=64, depth=3).eval()
+    for block in model.blocks:  # explicit matmuls: the counter has no formula for CPU flash attention
+        block.attn.fused_attn = False
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        for block in model.blocks:
+            block(torch.randn(1, 17, model.embed_dim))
+    assert backbone_flops(model, [17]) == counter.get_total_flops()
+    assert backbone_flops(model, [17, 9]) == backbone_flops(model, [17]) + backbone_flops(model, [9])
+
+
+def test_bench_reports_every_key(tmp_path) -> None:
+    cfg = BenchConfig(
+        model="test_vit", img_size=64, batch_size=4, levels=(32, 16), fraction=0.6, warmup=1, iters=1
+    )
+    result = run_bench(cfg)
+    for key in (
+        "throughput_uniform",
+        "throughput_split",
+        "speedup",
+        "ideal_speedup",
+        "token_fraction",
+        "overhead_fraction",
+    ):
+        assert result[key] > 0, key
+    assert result["token_fraction"] == pytest.approx(0.6, abs=0.07)
+    assert set(result["time_ms"]) == {"embed", "decide", "walk", "backbone"}
+    assert 1.0 < result["ideal_speedup"] < 1.0 / 0.5  # fewer tokens, fewer FLOPs; attention is a part only
+
+
+def test_bench_command_writes_json(tmp_path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    args = ["bench", "--model", "test_vit", "--img-size", "64", "--batch-size", "2", "--levels", "32", "16"]
+    assert run([*args, "--fraction", "0.5", "--iters", "1", "--warmup", "0", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["config"]["levels"] == [32, 16] and "speed-up" in capsys.readouterr().out
+
+
+def test_bench_from_a_checkpoint(shapes_root, tmp_path) -> None:
+    from conftest import schedule_args, tiny_args
+
+    from splitlab.cli import lightning_main
+
+    lightning_main(
+        [
+            "fit",
+            *tiny_args(shapes_root, tmp_path, *schedule_args(1, 0), "--model.init_args.eval_baselines=[]"),
+        ]
+    )
+    result = run_bench(
+        BenchConfig(
+            ckpt=str(tmp_path / "checkpoints" / "last.ckpt"), fraction=None, batch_size=2, warmup=0, iters=1
+        )
+    )
+    assert result["config"]["levels"] == [32, 16, 8] and 0 < result["token_fraction"] <= 1
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        (
+            BenchConfig(model="vit_nonexistent_patch16"),
+            "model_name='vit_nonexistent_patch16' is not a timm model",
+        ),
+        (
+            BenchConfig(model="test_vit", img_size=96, levels=(64, 32, 16)),
+            "image size 96x96 is not divisible by the coarsest level",
+        ),
+        (BenchConfig(model="test_vit", device="cuda"), "--device cuda: CUDA is not available"),
+        (
+            BenchConfig(model="test_vit", img_size=64, levels=(32, 16), fraction=0.1),
+            "--fraction=0.1 is outside the range",
+        ),
+        (BenchConfig(model="test_vit", dtype="float8"), "--dtype float8"),
+    ],
+)
+def test_bench_refusals(cfg, message) -> None:
+    if cfg.device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        run_bench(cfg)
