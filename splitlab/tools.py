@@ -24,6 +24,16 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     shapes.add_argument("--seed", type=int, default=0)
     shapes.add_argument("--format", choices=("imagefolder", "hf"), default="imagefolder")
     shapes.add_argument("--detail", type=int, default=2, help="pattern feature width in pixels")
+    for name, help_ in (
+        ("ade20k", "ADE20K-layout segmentation scenes"),
+        ("coco", "COCO-format detection scenes (instances JSON)"),
+    ):
+        scenes = kinds.add_parser(name, help=help_)
+        scenes.add_argument("--out", required=True, help="output directory")
+        scenes.add_argument("--image-size", type=int, default=128)
+        scenes.add_argument("--train", type=int, default=400, help="training images")
+        scenes.add_argument("--val", type=int, default=100, help="validation images")
+        scenes.add_argument("--seed", type=int, default=0)
 
 
 def _demo_parser(sub: argparse._SubParsersAction) -> None:
@@ -44,32 +54,68 @@ def run_data(args: argparse.Namespace) -> int:
             args.out, args.image_size, args.train, args.val, args.test, args.seed, args.format, args.detail
         )
         print(f"wrote {args.format} dataset to {out}")
+    else:
+        from splitlab.data.scenes import generate_ade20k, generate_coco
+
+        make = generate_ade20k if args.kind == "ade20k" else generate_coco
+        out = make(args.out, args.image_size, args.train, args.val, args.seed)
+        print(f"wrote {args.kind}-format dataset to {out}")
     return 0
 
 
-def ci_recipe(name: str = "classification") -> list[str]:
+# CI twins: recipe, its tiny CI config, the config of the dense (backbone) stage, the data generator.
+PIPELINES = {
+    "classification": ("imagenet.yaml", "classification.yaml", "pretrain.yaml"),
+    "coco": ("coco.yaml", "coco.yaml", "pretrain_dense.yaml"),
+    "ade20k": ("ade20k.yaml", "ade20k.yaml", "pretrain_dense.yaml"),
+}
+
+
+def ci_recipe(task: str = "classification") -> list[str]:
     """``--config`` arguments of a recipe and its CI twin (paths inside this checkout)."""
-    recipe, twin = REPO / "tasks" / "imagenet.yaml", REPO / "configs" / "ci" / f"{name}.yaml"
-    for path in (recipe, twin):
+    recipe, twin, _ = PIPELINES[task]
+    paths = (REPO / "tasks" / recipe, REPO / "configs" / "ci" / twin)
+    for path in paths:
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: run the demo from a splitlab checkout")
-    return ["--config", str(recipe), "--config", str(twin)]
+    return ["--config", str(paths[0]), "--config", str(paths[1])]
 
 
-def run_pipeline(out: str | Path, seed: int = 0, extra: Sequence[str] = (), quiet: bool = False) -> dict:
+def generate_for(task: str, out: Path, seed: int) -> None:
+    """The generated dataset a CI twin reads."""
+    from splitlab.data import generate_ade20k, generate_coco, generate_shapes
+
+    if task == "classification":
+        generate_shapes(out, seed=seed)
+    elif task == "coco":
+        generate_coco(out, train=300, val=80, seed=seed)
+    else:
+        generate_ade20k(out, train=300, val=80, seed=seed)
+    (out / ".complete").write_text("")
+
+
+def run_pipeline(
+    out: str | Path,
+    seed: int = 0,
+    extra: Sequence[str] = (),
+    quiet: bool = False,
+    task: str = "classification",
+) -> dict:
     """Generated data -> dense backbone -> warm start + PPO, all through the LightningCLI.
 
-    Returns the run's summary record (also in ``<out>/summary.json``).
+    Returns the run's summary record (also in ``<out>/summary.json``). Finished steps (data, the
+    dense backbone) are reused when ``out`` already holds them.
     """
     from splitlab.cli import lightning_main
-    from splitlab.data import generate_shapes
 
+    if task not in PIPELINES:
+        raise ValueError(f"task={task!r}: expected one of {sorted(PIPELINES)}")
     out = Path(out)
     data = out / "data"
-    if not (data / "splitlab_dataset.json").exists():
-        generate_shapes(data, seed=seed)
+    if not (data / ".complete").exists():
+        generate_for(task, data, seed)
     common = [
-        *ci_recipe(),
+        *ci_recipe(task),
         f"--data.init_args.root={data}",
         f"--seed_everything={seed}",
         f"--model.init_args.sampling_seed={seed}",
@@ -80,12 +126,13 @@ def run_pipeline(out: str | Path, seed: int = 0, extra: Sequence[str] = (), quie
         common += ["--trainer.enable_progress_bar=false"]
     pretrain = out / "pretrain" / "checkpoints" / "last.ckpt"
     if not pretrain.exists():
+        dense = REPO / "configs" / "ci" / PIPELINES[task][2]
         lightning_main(
             [
                 "fit",
                 *common,
                 "--config",
-                str(REPO / "configs" / "ci" / "pretrain.yaml"),
+                str(dense),
                 f"--trainer.logger.init_args.save_dir={out}",
                 "--trainer.logger.init_args.name=",
                 "--trainer.logger.init_args.version=pretrain",

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import timm
 import torch
-from timm.layers import Attention, resample_abs_pos_embed
+from timm.layers import Attention, apply_rot_embed_cat, resample_abs_pos_embed
+from timm.models.eva import Eva, EvaAttention
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -39,6 +40,85 @@ class PackedAttention(Attention):
         if gate is not None:
             out = out * gate
         return self.proj_drop(self.proj(out))
+
+
+class PackedEvaAttention(EvaAttention):
+    """timm's `EvaAttention` on a packed sequence: rotary embedding given per token (prefix rows are identity)."""
+
+    def forward(
+        self, x: Tensor, rope: Tensor | None = None, attn_mask=None, is_causal: bool = False
+    ) -> Tensor:  # type: ignore[override]
+        if not isinstance(attn_mask, PackedSequence):
+            return super().forward(x, rope=rope, attn_mask=attn_mask, is_causal=is_causal)
+        seq = attn_mask
+        batch, total, channels = x.shape
+        gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
+        rows = batch * total
+        if self.qkv is not None:
+            if self.q_bias is None:
+                qkv = self.qkv(x)
+            else:
+                qkv = torch.nn.functional.linear(
+                    x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias))
+                )
+            q, k, v = qkv.view(rows, 3, self.num_heads, -1).unbind(1)
+        else:
+            q = self.q_proj(x).view(rows, self.num_heads, -1)
+            k = self.k_proj(x).view(rows, self.num_heads, -1)
+            v = self.v_proj(x).view(rows, self.num_heads, -1)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q = apply_rot_embed_cat(q, rope[:, None, :]).type_as(v)
+            k = apply_rot_embed_cat(k, rope[:, None, :]).type_as(v)
+        dropout = self.attn_drop.p if self.training else 0.0
+        out = self.norm(seq.attend(q, k, v, scale=self.scale, dropout_p=dropout).reshape(batch, total, -1))
+        if gate is not None:
+            out = out * gate
+        return self.proj_drop(self.proj(out))
+
+
+PATCHED = {Attention: PackedAttention, EvaAttention: PackedEvaAttention}
+
+
+def rope_at(rope: nn.Module, centres: Tensor, grid: tuple[int, int]) -> Tensor:
+    """Rotary embedding of timm's `RotaryEmbeddingCat` at arbitrary (y, x) positions in finest cells.
+
+    The embedding is linear in position before sin/cos, so a coarse token gets the rotation of
+    the centre of the cells it covers, in the same coordinates as the model's own grid.
+    """
+    c = centres.float() + rope.grid_offset
+    if rope.ref_feat_shape is not None:
+        c = (
+            c
+            / torch.tensor(grid, device=c.device, dtype=c.dtype)
+            * torch.tensor(rope.ref_feat_shape, device=c.device, dtype=c.dtype)
+        )
+    angles = (c[..., None] * rope.bands.to(c.device)).flatten(-2)
+    return torch.cat([angles.sin().repeat_interleave(2, -1), angles.cos().repeat_interleave(2, -1)], -1)
+
+
+def _check_rope(model: nn.Module, name: str) -> None:
+    """Refuse rotary-embedding variants `rope_at` does not reproduce (checked against the model itself)."""
+    rope = getattr(model, "rope", None)
+    if rope is None:
+        return
+    if getattr(model, "rope_mixed", False) or type(rope).__name__ != "RotaryEmbeddingCat":
+        raise ValueError(
+            f"model_name={name!r}: its rotary embedding ({type(rope).__name__}) is not supported on packed sequences"
+        )
+    grid = tuple(model.patch_embed.grid_size)
+    ys, xs = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    mine = rope_at(rope, torch.stack([ys, xs], -1).reshape(-1, 2), grid)
+    theirs = rope.get_embed()
+    if (
+        rope.in_pixels
+        or rope.rotate_half
+        or theirs.shape != mine.shape
+        or (theirs.float() - mine).abs().max() > 1e-4
+    ):
+        raise ValueError(
+            f"model_name={name!r}: its rotary embedding variant is not supported on packed sequences"
+        )
 
 
 @dataclass
@@ -103,11 +183,12 @@ class PackedViT(nn.Module):
             model = create_vit(
                 model_name, pretrained=pretrained, checkpoint_path=checkpoint_path, **model_kwargs
             )
-        if not isinstance(model, VisionTransformer):
+        if not isinstance(model, VisionTransformer | Eva):
             raise ValueError(
                 f"model_name={name!r} builds a timm {type(model).__name__}, but PackedViT needs a "
-                "VisionTransformer (a ViT with absolute or no position embedding)"
+                "VisionTransformer or an Eva (EVA-02) model"
             )
+        _check_rope(model, name)
         self.model = model
         self.attn_backend = attn_backend
         self._patch_attention(name)
@@ -120,12 +201,12 @@ class PackedViT(nn.Module):
                     "so packed attention cannot reach it (timm >= 1.0.20 blocks do)"
                 )
             attn = getattr(block, "attn", None)
-            if type(attn) is Attention:
-                attn.__class__ = PackedAttention
-            elif not isinstance(attn, PackedAttention):
+            if type(attn) in PATCHED:
+                attn.__class__ = PATCHED[type(attn)]
+            elif not isinstance(attn, tuple(PATCHED.values())):
                 raise ValueError(
-                    f"model_name={name!r}: attention type {type(attn).__name__} is not timm's Attention; "
-                    "PackedViT supports plain ViT attention"
+                    f"model_name={name!r}: attention type {type(attn).__name__} is not timm's Attention or "
+                    "EvaAttention, which PackedViT supports"
                 )
 
     @property
@@ -211,13 +292,18 @@ class PackedViT(nn.Module):
         """
         take = self._resolve_indices(indices)
         x, seq, token_rows = self.pack(layout)
+        extra = (
+            {"rope": self.packed_rope(layout, seq, token_rows)}
+            if getattr(self.model, "rope", None) is not None
+            else {}
+        )
         x = self.model.norm_pre(x)
         intermediates = []
         for i, block in enumerate(self.model.blocks):
             if self.model.grad_checkpointing and self.training and not torch.jit.is_scripting():
-                x = checkpoint(block, x, seq, use_reentrant=False)
+                x = checkpoint(block, x, attn_mask=seq, use_reentrant=False, **extra)
             else:
-                x = block(x, attn_mask=seq)
+                x = block(x, attn_mask=seq, **extra)
             if i in take:
                 intermediates.append(x[0].index_select(0, token_rows))
         x = self.model.norm(x)[0]
@@ -225,6 +311,17 @@ class PackedViT(nn.Module):
         prefix_rows = self._prefix_rows(seq, x.device)
         prefix = x.index_select(0, prefix_rows).view(layout.batch_size, self.num_prefix_tokens, x.shape[-1])
         return PackedFeatures(prefix=prefix, tokens=tokens, intermediates=intermediates, layout=layout)
+
+    def packed_rope(self, layout: TokenLayout, seq: PackedSequence, token_rows: Tensor) -> Tensor:
+        """Per-row rotary embedding of the packed sequence: each token at the centre of its cells,
+        CLS and register rows the identity rotation (sin 0, cos 1), as timm leaves prefix tokens."""
+        boxes = layout.boxes.float()
+        centres = torch.stack([(boxes[:, 1] + boxes[:, 3] - 1) / 2, (boxes[:, 0] + boxes[:, 2] - 1) / 2], -1)
+        token_rope = rope_at(self.model.rope, centres, layout.grid_size)
+        half = token_rope.shape[-1] // 2
+        identity = torch.cat([token_rope.new_zeros(half), token_rope.new_ones(half)])
+        rope = identity.expand(seq.total, -1).index_copy(0, token_rows, token_rope)
+        return rope
 
     def forward_head(self, features: PackedFeatures, pre_logits: bool = False) -> Tensor:
         """timm's head on packed features: pooling as the model's ``global_pool``, ``fc_norm``, ``head``."""

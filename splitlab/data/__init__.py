@@ -2,13 +2,20 @@
 
 from splitlab.data.classification import ImageClassificationData
 from splitlab.data.common import EpochShuffleSampler, SkipCorrupt
+from splitlab.data.detection import CocoDetectionData
+from splitlab.data.scenes import generate_ade20k, generate_coco
+from splitlab.data.segmentation import ADE20KData
 from splitlab.data.shapes import CLASSES as SHAPE_CLASSES
 from splitlab.data.shapes import generate_shapes
 
 __all__ = [
     "SHAPE_CLASSES",
+    "ADE20KData",
+    "CocoDetectionData",
     "EpochShuffleSampler",
     "ImageClassificationData",
     "SkipCorrupt",
+    "generate_ade20k",
+    "generate_coco",
     "generate_shapes",
 ]

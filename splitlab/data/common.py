@@ -53,7 +53,10 @@ class SkipCorrupt(Dataset):
             i = (index + attempt) % len(self.dataset)
             try:
                 return self.dataset[i]
-            except (OSError, ValueError, SyntaxError) as err:  # PIL raises these for unreadable images
+            except (
+                OSError,
+                SyntaxError,
+            ) as err:  # PIL's errors for unreadable images (bad labels still raise)
                 if i not in self.skipped:
                     self.skipped.add(i)
                     warnings.warn(f"skipping corrupt image {self.describe(i)}: {err}", stacklevel=2)

@@ -2,5 +2,7 @@
 
 from splitlab.tasks.base import STAGES, SplitTask
 from splitlab.tasks.classification import ClassificationTask
+from splitlab.tasks.detection import DetectionTask
+from splitlab.tasks.segmentation import SegmentationTask
 
-__all__ = ["STAGES", "ClassificationTask", "SplitTask"]
+__all__ = ["STAGES", "ClassificationTask", "DetectionTask", "SegmentationTask", "SplitTask"]

@@ -203,8 +203,10 @@ class SplitTask(LightningModule):
         """The task loss of each image, shape ``(B,)``: its mean trains the task, its values are PPO rewards."""
         raise NotImplementedError
 
-    def update_metrics(self, metrics: MetricCollection, outputs: Any, targets: Any) -> None:
-        """Feed one batch to a metric collection."""
+    def update_metrics(
+        self, metrics: MetricCollection, outputs: Any, targets: Any, layout: TokenLayout
+    ) -> None:
+        """Feed one batch (and the layout it was computed on) to a metric collection."""
         raise NotImplementedError
 
     def backbone_indices(self) -> int | Sequence[int] | None:
@@ -491,7 +493,7 @@ class SplitTask(LightningModule):
             outputs, layout = self(images, policy=self.deployed_policy)
         learned = stats["learned"]
         learned.update_layout(layout.fraction, elapsed())
-        self.update_metrics(learned.metrics, outputs, targets)
+        self.update_metrics(learned.metrics, outputs, targets, layout)
         if self._evaluate_baselines():
             realised = float(layout.fraction.mean())
             for policy in self.hparams.eval_baselines:
@@ -502,7 +504,7 @@ class SplitTask(LightningModule):
                         images, policy=policy, fraction=max(realised, self.levels.min_fraction)
                     )
                 stats[policy].update_layout(base_layout.fraction, elapsed())
-                self.update_metrics(stats[policy].metrics, base_out, targets)
+                self.update_metrics(stats[policy].metrics, base_out, targets, base_layout)
         return {"images": images, "layout": layout} if batch_idx == 0 else {}
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:

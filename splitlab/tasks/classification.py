@@ -11,6 +11,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from splitlab.backbone import PackedFeatures
 from splitlab.tasks.base import SplitTask
+from splitlab.tokenizer import TokenLayout
 
 
 class ClassificationTask(SplitTask):
@@ -71,7 +72,9 @@ class ClassificationTask(SplitTask):
             outputs.float(), targets, reduction="none", label_smoothing=self.hparams.label_smoothing
         )
 
-    def update_metrics(self, metrics: MetricCollection, outputs: Tensor, targets: Tensor) -> None:
+    def update_metrics(
+        self, metrics: MetricCollection, outputs: Tensor, targets: Tensor, layout: TokenLayout
+    ) -> None:
         metrics.update(outputs.float(), targets)
 
     def describe_prediction(self, outputs: Tensor, index: int) -> dict[str, Any]:

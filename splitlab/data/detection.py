@@ -1,0 +1,208 @@
+"""`CocoDetectionData`: COCO-format detection (``instances_*.json`` + an image folder) via pycocotools."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning import LightningDataModule
+from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.utils.data import DataLoader, Dataset
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+from splitlab.data.common import EpochShuffleSampler, SkipCorrupt, require_dir
+from splitlab.data.segmentation import _PadTo
+
+
+def load_coco(annotations: Path, images: Path) -> tuple[Any, list[int], dict[int, int], int]:
+    """Read and check a COCO instances file.
+
+    Returns the COCO index, image ids, category id -> contiguous label (1..K) and the number of
+    annotations dropped (zero area, or a box outside its image: counted in a warning).
+    """
+    from pycocotools.coco import COCO
+
+    if not annotations.is_file():
+        raise FileNotFoundError(f"{annotations}: no such annotation file")
+    try:
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            coco = COCO(str(annotations))
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{annotations}: malformed COCO annotations ({err})") from err
+    missing = [
+        img["file_name"]
+        for img in coco.dataset.get("images", [])
+        if not (images / img["file_name"]).is_file()
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"{annotations} names {len(missing)} image(s) missing from {images}, e.g. {missing[0]}"
+        )
+    dropped = 0
+    for ann in coco.dataset.get("annotations", []):
+        img = coco.imgs[ann["image_id"]]
+        x, y, w, h = ann["bbox"]
+        if w <= 0 or h <= 0 or x < 0 or y < 0 or x + w > img["width"] + 1e-3 or y + h > img["height"] + 1e-3:
+            ann["_splitlab_drop"] = True
+            dropped += 1
+    if dropped:
+        warnings.warn(
+            f"{annotations}: dropped {dropped} annotation(s) with zero area or boxes outside the image",
+            stacklevel=2,
+        )
+    categories = {cid: i + 1 for i, cid in enumerate(sorted(coco.cats))}
+    return coco, sorted(coco.imgs), categories, dropped
+
+
+class CocoDetection(Dataset):
+    """(image, target) pairs; targets hold boxes (xyxy, input pixels), labels, optional masks,
+    the image id and the letterbox scale (to map predictions back to the original image)."""
+
+    def __init__(self, images: Path, annotations: Path, transform: Any, masks: bool) -> None:
+        self.images, self.transform, self.masks = images, transform, masks
+        self.coco, self.ids, self.categories, self.dropped = load_coco(annotations, images)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        image_id = self.ids[index]
+        info = self.coco.imgs[image_id]
+        image = Image.open(self.images / info["file_name"]).convert("RGB")
+        anns = [
+            a
+            for a in self.coco.imgToAnns.get(image_id, [])
+            if not a.get("_splitlab_drop") and not a.get("iscrowd", 0)
+        ]
+        boxes = torch.tensor(
+            [
+                [a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2], a["bbox"][1] + a["bbox"][3]]
+                for a in anns
+            ],
+            dtype=torch.float32,
+        ).reshape(-1, 4)
+        target: dict[str, Any] = {
+            "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(image.height, image.width)),
+            "labels": torch.tensor([self.categories[a["category_id"]] for a in anns], dtype=torch.int64),
+        }
+        if self.masks:
+            masks = [torch.from_numpy(self.coco.annToMask(a)) for a in anns]
+            target["masks"] = tv_tensors.Mask(
+                torch.stack(masks) if masks else torch.zeros(0, image.height, image.width, dtype=torch.uint8)
+            )
+        img, target = self.transform(tv_tensors.Image(v2.functional.pil_to_tensor(image)), target)
+        out = {k: v.as_subclass(torch.Tensor) for k, v in target.items()}
+        out["image_id"] = torch.tensor(image_id)
+        out["scale"] = torch.tensor(self.transform.size / max(image.width, image.height))
+        return img.as_subclass(torch.Tensor), out
+
+
+def collate(
+    batch: list[tuple[torch.Tensor, dict[str, torch.Tensor]]],
+) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+    """Images stacked (all are letterboxed to one size), targets as a list."""
+    return torch.stack([b[0] for b in batch]), [b[1] for b in batch]
+
+
+class _Letterbox(v2.Compose):
+    """Resize the longer side to ``size``, pad bottom/right to a square, drop degenerate boxes."""
+
+    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], flip: bool) -> None:
+        steps: list[Any] = [v2.RandomHorizontalFlip()] if flip else []
+        steps += [
+            v2.Resize(size=None, max_size=size, antialias=True),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean, std),
+            _PadTo(size, 0),
+            v2.ClampBoundingBoxes(),
+            v2.SanitizeBoundingBoxes(min_size=1.0),
+        ]
+        super().__init__(steps)
+        self.size = size
+
+
+class CocoDetectionData(LightningDataModule):
+    """COCO detection for `DetectionTask`: images letterboxed to ``img_size`` (longer side), padded square.
+
+    Args:
+        root: dataset root.
+        train_images, val_images: image folders under ``root``.
+        train_annotations, val_annotations: instances JSON files under ``root``.
+        img_size: network input size (divisible by the coarsest level).
+        masks: load instance masks (Mask R-CNN).
+        mean, std: normalisation (the backbone's).
+        batch_size, num_workers, shuffle_seed: loader settings.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        train_images: str = "train2017",
+        val_images: str = "val2017",
+        train_annotations: str = "annotations/instances_train2017.json",
+        val_annotations: str = "annotations/instances_val2017.json",
+        img_size: int = 1024,
+        masks: bool = False,
+        mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+        std: Sequence[float] = IMAGENET_DEFAULT_STD,
+        batch_size: int = 2,
+        num_workers: int = 4,
+        shuffle_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        require_dir(root, "data.root")
+        self.save_hyperparameters()
+        self.mean, self.std, self.img_size = tuple(mean), tuple(std), img_size
+        self.datasets: dict[str, Dataset] = {}
+
+    def _split(self, images: str, annotations: str, training: bool) -> Dataset:
+        hp = self.hparams
+        root = Path(hp.root)
+        folder = require_dir(root / images, f"data.root/{images}")
+        ds = CocoDetection(
+            folder, root / annotations, _Letterbox(hp.img_size, self.mean, self.std, training), hp.masks
+        )
+        return SkipCorrupt(ds, lambda i: str(folder / ds.coco.imgs[ds.ids[i]]["file_name"]))
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        if "val" not in self.datasets:
+            self.datasets["val"] = self._split(hp.val_images, hp.val_annotations, False)
+        if stage == "fit" and "train" not in self.datasets:
+            self.datasets["train"] = self._split(hp.train_images, hp.train_annotations, True)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.datasets["val"].dataset.categories)
+
+    def _loader(self, key: str, shuffle: bool) -> DataLoader:
+        ds = self.datasets[key]
+        return DataLoader(
+            ds,
+            batch_size=self.hparams.batch_size,
+            sampler=EpochShuffleSampler(len(ds), self.hparams.shuffle_seed) if shuffle else None,
+            num_workers=self.hparams.num_workers,
+            persistent_workers=self.hparams.num_workers > 0,
+            collate_fn=collate,
+            drop_last=shuffle and len(ds) > self.hparams.batch_size,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("val", False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("val", False)

@@ -1,0 +1,147 @@
+"""Small multi-object scenes in the real dense formats: ADE20K layout and COCO instances JSON.
+
+Each image has a busy, high-entropy background in two "stuff" regions (ground and wall, told
+apart by colour, so coarse tokens suffice there) and one to three "things": squares or discs whose
+class is their inner pattern (horizontal stripes, vertical stripes, checks; 2 px features that a
+coarse token averages away). Pixel entropy favours the background; only fine tokens on the
+objects recover their class and their boundaries.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from splitlab.data.shapes import _pattern
+
+STUFF = ("ground", "wall")
+THINGS = ("hstripes", "vstripes", "checks")
+
+
+def _stuff(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Background image and stuff labels (0 = ground, 1 = wall) split by a wavy horizon."""
+    img = np.zeros((size, size, 3), dtype=np.float32)
+    for cell in (2, 4, 8):
+        n = size // cell
+        img += np.kron(rng.random((n, n, 3), dtype=np.float32), np.ones((cell, cell, 1), dtype=np.float32))
+    img /= 3.0
+    horizon = size * rng.uniform(0.3, 0.7) + size * 0.08 * np.sin(
+        np.arange(size) / size * 2 * np.pi * rng.uniform(0.5, 2) + rng.uniform(0, 6.3)
+    )
+    ys = np.arange(size)[:, None]
+    wall = ys < horizon[None, :]
+    tint_wall, tint_ground = np.array([0.2, 0.35, 0.75]), np.array([0.7, 0.5, 0.2])
+    img = 0.55 * img + 0.45 * np.where(wall[..., None], tint_wall, tint_ground)
+    img += rng.normal(0, 0.05, img.shape)
+    return np.clip(img, 0, 1), wall.astype(np.int64)
+
+
+def render_scene(
+    rng: np.random.Generator, size: int, max_objects: int = 3, detail: int = 2
+) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    """One scene: ``uint8`` image, semantic labels (0 ground, 1 wall, 2.. things) and instances.
+
+    Instances are ``{"category": thing index, "mask": bool (H, W)}``, drawn back to front.
+    """
+    img, labels = _stuff(rng, size)
+    instances = []
+    lo, hi = max(size // 8, 8), max(size // 4, 12)
+    for _ in range(int(rng.integers(1, max_objects + 1))):
+        thing = int(rng.integers(len(THINGS)))
+        side = int(rng.integers(lo, hi + 1))
+        x0, y0 = (int(v) for v in rng.integers(0, size - side + 1, size=2))
+        yy, xx = np.mgrid[0:side, 0:side]
+        shape = (
+            np.ones((side, side), bool)
+            if rng.random() < 0.5
+            else ((yy - side / 2 + 0.5) ** 2 + (xx - side / 2 + 0.5) ** 2) <= (side / 2) ** 2
+        )
+        mask = np.zeros((size, size), bool)
+        mask[y0 : y0 + side, x0 : x0 + side] = shape
+        a, b = rng.random(3) * 0.3, 0.7 + rng.random(3) * 0.3
+        if rng.random() < 0.5:
+            a, b = b, a
+        pattern = _pattern(THINGS[thing], side, detail)[..., None]
+        patch = np.where(pattern, b, a)
+        region = img[y0 : y0 + side, x0 : x0 + side]
+        img[y0 : y0 + side, x0 : x0 + side] = np.where(shape[..., None], patch, region)
+        labels[mask] = len(STUFF) + thing
+        for earlier in instances:  # later objects occlude earlier ones
+            earlier["mask"] &= ~mask
+        instances.append({"category": thing, "mask": mask})
+    instances = [i for i in instances if i["mask"].any()]
+    return (img * 255).round().astype(np.uint8), labels, instances
+
+
+def generate_ade20k(
+    out: str | Path, image_size: int = 128, train: int = 400, val: int = 100, seed: int = 0
+) -> Path:
+    """Write an ADE20K-layout dataset: ``images/{training,validation}/*.jpg`` and index PNGs (0 = unlabelled)."""
+    out = Path(out)
+    rng = np.random.default_rng(seed)
+    for split, count in (("training", train), ("validation", val)):
+        (out / "images" / split).mkdir(parents=True, exist_ok=True)
+        (out / "annotations" / split).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            img, labels, _ = render_scene(rng, image_size)
+            name = f"ADE_{split[0]}_{i:06d}"
+            Image.fromarray(img).save(out / "images" / split / f"{name}.png")
+            Image.fromarray((labels + 1).astype(np.uint8)).save(out / "annotations" / split / f"{name}.png")
+    classes = [*STUFF, *THINGS]
+    meta = {
+        "generator": "splitlab data ade20k",
+        "classes": classes,
+        "num_classes": len(classes),
+        "background_classes": [0, 1],
+        "image_size": image_size,
+        "seed": seed,
+    }
+    (out / "splitlab_dataset.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def generate_coco(
+    out: str | Path, image_size: int = 128, train: int = 400, val: int = 100, seed: int = 0
+) -> Path:
+    """Write a COCO-format detection set: ``{train,val}2017/*.png`` and ``annotations/instances_*.json`` (RLE masks)."""
+    from pycocotools import mask as mask_utils
+
+    out = Path(out)
+    rng = np.random.default_rng(seed)
+    categories = [{"id": i + 1, "name": name, "supercategory": "pattern"} for i, name in enumerate(THINGS)]
+    for split, count in (("train2017", train), ("val2017", val)):
+        (out / split).mkdir(parents=True, exist_ok=True)
+        images, annotations = [], []
+        for i in range(count):
+            img, _, instances = render_scene(rng, image_size)
+            file_name = f"{i:012d}.png"
+            Image.fromarray(img).save(out / split / file_name)
+            image_id = i + 1
+            images.append({"id": image_id, "file_name": file_name, "height": image_size, "width": image_size})
+            for inst in instances:
+                rle = mask_utils.encode(np.asfortranarray(inst["mask"].astype(np.uint8)))
+                x, y, w, h = (float(v) for v in mask_utils.toBbox(rle))
+                rle["counts"] = rle["counts"].decode("ascii")
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": image_id,
+                        "category_id": inst["category"] + 1,
+                        "bbox": [x, y, w, h],
+                        "area": float(mask_utils.area(rle)),
+                        "segmentation": rle,
+                        "iscrowd": 0,
+                    }
+                )
+        (out / "annotations").mkdir(parents=True, exist_ok=True)
+        doc = {
+            "images": images,
+            "annotations": annotations,
+            "categories": categories,
+            "info": {"description": "splitlab data coco"},
+        }
+        (out / "annotations" / f"instances_{split}.json").write_text(json.dumps(doc))
+    return out

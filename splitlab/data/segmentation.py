@@ -1,0 +1,287 @@
+"""`ADE20KData`: semantic segmentation from the ADE20K layout (or a Hugging Face dataset).
+
+ADE20K's standard layout: ``images/{training,validation}/*.jpg`` and
+``annotations/{training,validation}/*.png`` index PNGs where 0 means "unlabelled" and 1..150 are
+the classes. Labels are shifted down by one with 0 -> ``ignore_index`` (mmseg's
+``reduce_zero_label``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning import LightningDataModule
+from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.utils.data import DataLoader, Dataset
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+from splitlab.data.common import EpochShuffleSampler, SkipCorrupt, require_dir
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+class _PadTo(v2.Transform):
+    """Pad bottom/right up to ``size`` x ``size``: images with 0, masks with ``ignore_index``."""
+
+    def __init__(self, size: int, ignore_index: int) -> None:
+        super().__init__()
+        self.size, self.ignore_index = size, ignore_index
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        h, w = inpt.shape[-2:]
+        pad = [0, 0, max(self.size - w, 0), max(self.size - h, 0)]
+        fill = self.ignore_index if isinstance(inpt, tv_tensors.Mask) else 0
+        return v2.functional.pad(inpt, pad, fill=fill)
+
+
+class SegmentationFolder(Dataset):
+    """(image, mask) pairs from two parallel folders; labels checked against ``num_classes``."""
+
+    def __init__(
+        self,
+        images: Path,
+        annotations: Path,
+        num_classes: int,
+        ignore_index: int,
+        transform: Any,
+        reduce_zero_label: bool = True,
+    ) -> None:
+        files = sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise FileNotFoundError(f"{images}: no images")
+        self.pairs = []
+        missing = []
+        for f in files:
+            ann = annotations / f"{f.stem}.png"
+            (self.pairs if ann.exists() else missing).append((f, ann) if ann.exists() else f)
+        if missing:
+            raise FileNotFoundError(
+                f"{annotations}: no annotation PNG for {len(missing)} image(s), e.g. {missing[0].name}"
+            )
+        self.num_classes, self.ignore_index = num_classes, ignore_index
+        self.transform, self.reduce_zero_label = transform, reduce_zero_label
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image_path, ann_path = self.pairs[index]
+        image = Image.open(image_path).convert("RGB")
+        raw = np.asarray(Image.open(ann_path))
+        return encode(
+            image,
+            raw,
+            self.num_classes,
+            self.ignore_index,
+            self.reduce_zero_label,
+            self.transform,
+            str(ann_path),
+        )
+
+
+def encode(
+    image: Image.Image,
+    raw: np.ndarray,
+    num_classes: int,
+    ignore_index: int,
+    reduce_zero_label: bool,
+    transform: Any,
+    name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Map raw annotation values to classes, check them, transform image and mask together."""
+    if raw.ndim != 2:
+        raise ValueError(f"annotation {name}: expected a single-channel index PNG, got shape {raw.shape}")
+    labels = torch.from_numpy(raw.astype(np.int64))
+    if reduce_zero_label:
+        labels = torch.where(labels == 0, ignore_index, labels - 1)
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= num_classes))
+    if bad.any():
+        top = int(labels[bad].max()) + (1 if reduce_zero_label else 0)
+        raise ValueError(f"annotation {name}: label value {top} is above num_classes={num_classes}")
+    if labels.shape != (image.height, image.width):
+        raise ValueError(
+            f"annotation {name}: size {tuple(labels.shape)} differs from its image ({image.height}, {image.width})"
+        )
+    img, mask = transform(tv_tensors.Image(v2.functional.pil_to_tensor(image)), tv_tensors.Mask(labels))
+    return img, mask.as_subclass(torch.Tensor).long()
+
+
+class HFSegmentation(Dataset):
+    """(image, mask) pairs from a `datasets` split with an image and an annotation column."""
+
+    def __init__(
+        self,
+        split: Any,
+        image_column: str,
+        label_column: str,
+        num_classes: int,
+        ignore_index: int,
+        transform: Any,
+        reduce_zero_label: bool,
+        name: str,
+    ) -> None:
+        missing = [c for c in (image_column, label_column) if c not in split.column_names]
+        if missing:
+            raise ValueError(f"{name}: no column {missing} (columns: {split.column_names})")
+        self.split, self.columns, self.name = split, (image_column, label_column), name
+        self.num_classes, self.ignore_index, self.transform, self.reduce_zero_label = (
+            num_classes,
+            ignore_index,
+            transform,
+            reduce_zero_label,
+        )
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        row = self.split[index]
+        image, ann = row[self.columns[0]].convert("RGB"), np.asarray(row[self.columns[1]])
+        return encode(
+            image,
+            ann,
+            self.num_classes,
+            self.ignore_index,
+            self.reduce_zero_label,
+            self.transform,
+            f"{self.name}[{index}]",
+        )
+
+
+class ADE20KData(LightningDataModule):
+    """ADE20K (or any dataset in its layout) for `SegmentationTask`.
+
+    Training: random rescale (``scale_range`` of ``img_size``), random ``img_size`` crop (padded
+    with ignore), horizontal flip. Evaluation: longer side resized to ``img_size``, padded to a
+    square (padding is ignored by the metrics).
+
+    Args:
+        root: dataset root with ``images/`` and ``annotations/``.
+        hf_dataset: a Hugging Face dataset name or path instead (e.g. ``scene_parse_150``).
+        image_column, label_column: HF columns.
+        train_split, val_split: split folder names (``training``/``validation``).
+        num_classes: classes (150).
+        ignore_index: label of unlabelled pixels.
+        reduce_zero_label: raw 0 is "unlabelled" and classes start at 1 (ADE20K).
+        img_size: square crop / evaluation size (divisible by the coarsest level).
+        scale_range: training rescale range.
+        mean, std: normalisation (the backbone's).
+        batch_size, num_workers, shuffle_seed: loader settings.
+    """
+
+    def __init__(
+        self,
+        root: str | None = None,
+        hf_dataset: str | None = None,
+        image_column: str = "image",
+        label_column: str = "annotation",
+        train_split: str = "training",
+        val_split: str = "validation",
+        num_classes: int = 150,
+        ignore_index: int = 255,
+        reduce_zero_label: bool = True,
+        img_size: int = 512,
+        scale_range: Sequence[float] = (0.5, 2.0),
+        mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+        std: Sequence[float] = IMAGENET_DEFAULT_STD,
+        batch_size: int = 16,
+        num_workers: int = 4,
+        shuffle_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if (root is None) == (hf_dataset is None):
+            raise ValueError("set exactly one of data.root (ADE20K layout) and data.hf_dataset")
+        if root is not None:
+            for sub in ("images", "annotations"):
+                require_dir(Path(root) / sub / train_split, f"data.root/{sub}/{train_split}")
+        self.save_hyperparameters()
+        self.mean, self.std, self.img_size = tuple(mean), tuple(std), img_size
+        self.datasets: dict[str, Dataset] = {}
+
+    def transform(self, training: bool) -> Any:
+        hp = self.hparams
+        size = hp.img_size
+        normalise = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
+        if not training:
+            return v2.Compose(
+                [
+                    v2.Resize(size=None, max_size=size, antialias=True),
+                    _PadTo(size, hp.ignore_index),
+                    *normalise,
+                ]
+            )
+        return v2.Compose(
+            [
+                v2.ScaleJitter((size, size), scale_range=tuple(hp.scale_range), antialias=True),
+                v2.RandomCrop(size, pad_if_needed=True, fill={tv_tensors.Mask: hp.ignore_index, "others": 0}),
+                v2.RandomHorizontalFlip(),
+                *normalise,
+            ]
+        )
+
+    def _split(self, name: str, training: bool) -> Dataset | None:
+        hp = self.hparams
+        transform = self.transform(training)
+        if hp.root is not None:
+            images, annotations = Path(hp.root) / "images" / name, Path(hp.root) / "annotations" / name
+            if not images.is_dir():
+                return None
+            require_dir(annotations, f"data.root/annotations/{name}")
+            ds = SegmentationFolder(
+                images, annotations, hp.num_classes, hp.ignore_index, transform, hp.reduce_zero_label
+            )
+            return SkipCorrupt(ds, lambda i: str(ds.pairs[i][0]))
+        import datasets
+
+        path = Path(hp.hf_dataset).expanduser()
+        parts = datasets.load_from_disk(str(path)) if path.exists() else datasets.load_dataset(hp.hf_dataset)
+        if name not in parts:
+            return None
+        return HFSegmentation(
+            parts[name],
+            hp.image_column,
+            hp.label_column,
+            hp.num_classes,
+            hp.ignore_index,
+            transform,
+            hp.reduce_zero_label,
+            f"data.hf_dataset={hp.hf_dataset!r}[{name}]",
+        )
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        for key, name, training in (("train", hp.train_split, True), ("val", hp.val_split, False)):
+            if key not in self.datasets:
+                ds = self._split(name, training)
+                if ds is None:
+                    raise FileNotFoundError(f"no {name!r} split in {hp.root or hp.hf_dataset!r}")
+                self.datasets[key] = ds
+
+    def _loader(self, key: str, shuffle: bool) -> DataLoader:
+        ds = self.datasets[key]
+        return DataLoader(
+            ds,
+            batch_size=self.hparams.batch_size,
+            sampler=EpochShuffleSampler(len(ds), self.hparams.shuffle_seed) if shuffle else None,
+            num_workers=self.hparams.num_workers,
+            persistent_workers=self.hparams.num_workers > 0,
+            drop_last=shuffle and len(ds) > self.hparams.batch_size,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("val", False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("val", False)
