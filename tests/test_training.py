@@ -100,6 +100,41 @@ def test_resume_matches_the_uninterrupted_run(shapes_root, tmp_path, resume_epoc
     assert resumed.model.stage == full.model.stage == "ppo"
 
 
+@pytest.mark.parametrize(
+    "name", ["mid-epoch=0-step=4", "mid-epoch=2-step=16"], ids=["mid-warm-start", "mid-ppo"]
+)
+def test_mid_epoch_resume_continues_at_the_next_sample(shapes_root, tmp_path, name) -> None:
+    # 3 batches per epoch; 2 optimizer steps per batch (warm start: task + policy; PPO: K = 2), so a
+    # checkpoint every 4 steps lands after batch 2 of epoch 0 and after batch 2 of epoch 2
+    mid = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"every_n_train_steps": 4, "save_top_k": -1, "filename": "mid-{epoch}-{step}"},
+    }
+    callbacks = [
+        {
+            "class_path": "splitlab.callbacks.SplitSchedule",
+            "init_args": {"warm_start_epochs": 2, "rl_epochs": 2},
+        },
+        mid,
+    ]
+    args = [
+        "--trainer.max_epochs=4",
+        f"--trainer.callbacks={json.dumps(callbacks)}",
+        "--model.init_args.eval_baselines=[]",
+    ]
+    full = fit(shapes_root, tmp_path / "full", *args)
+    ckpt = tmp_path / "full" / "checkpoints" / f"{name}.ckpt"
+    state = torch.load(ckpt, weights_only=False)
+    assert (
+        state["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["processed"] == 2
+    )  # really mid-epoch
+    resumed = fit(shapes_root, tmp_path / "resumed", *args, f"--ckpt_path={ckpt}")
+    a, b = full.model.state_dict(), resumed.model.state_dict()
+    mismatched = [k for k in a if not torch.allclose(a[k].float(), b[k].float(), atol=1e-6)]
+    assert not mismatched, mismatched[:5]
+    assert resumed.model.controller.value == pytest.approx(full.model.controller.value)
+
+
 def test_epochs_above_max_epochs_are_refused(shapes_root, tmp_path) -> None:
     with pytest.raises(
         ValueError,

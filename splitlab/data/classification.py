@@ -12,7 +12,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transf
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
-from splitlab.data.common import EpochShuffleSampler, SkipCorrupt, require_dir
+from splitlab.data.common import ResumableSampler, SkipCorrupt, require_dir
 
 
 class HFImageDataset(Dataset):
@@ -186,7 +186,7 @@ class ImageClassificationData(LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            sampler=EpochShuffleSampler(len(dataset), self.hparams.shuffle_seed) if shuffle else None,
+            sampler=ResumableSampler(dataset, self.hparams.shuffle_seed) if shuffle else None,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),

@@ -8,28 +8,34 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset, DistributedSampler
 
 
-class EpochShuffleSampler(Sampler[int]):
-    """A shuffle that is a pure function of ``(seed, epoch)``.
+class ResumableSampler(DistributedSampler):
+    """Epoch-seeded shuffling, split across DDP ranks, that can resume in the middle of an epoch.
 
-    Lightning calls ``set_epoch`` before every epoch, so a resumed run draws exactly the order
-    the uninterrupted run would have, whatever else consumed the global RNG meanwhile.
+    The order is a pure function of ``(seed, epoch)`` (Lightning calls ``set_epoch``), so a
+    resumed run draws exactly what the uninterrupted run would have. `skip` drops the samples a
+    checkpoint already trained on from the next pass (see `splitlab.callbacks.ResumePosition`).
+    Being a ``DistributedSampler``, Lightning leaves it in place under DDP instead of wrapping it.
     """
 
-    def __init__(self, length: int, seed: int = 0) -> None:
-        self.length, self.seed, self.epoch = length, seed, 0
+    def __init__(self, dataset: Any, seed: int = 0, shuffle: bool = True) -> None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            replicas, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+        else:
+            replicas, rank = 1, 0
+        super().__init__(dataset, num_replicas=replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self._skip = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def skip(self, samples: int) -> None:
+        """Leave out the first ``samples`` indices (of this rank) of the next pass only."""
+        self._skip = int(samples)
 
     def __iter__(self) -> Iterator[int]:
-        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return iter(torch.randperm(self.length, generator=gen).tolist())
-
-    def __len__(self) -> int:
-        return self.length
+        indices = list(super().__iter__())
+        skip, self._skip = self._skip, 0
+        return iter(indices[skip:])
 
 
 class SkipCorrupt(Dataset):

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from splitlab.data.common import EpochShuffleSampler, SkipCorrupt, require_dir
+from splitlab.data.common import ResumableSampler, SkipCorrupt, require_dir
 from splitlab.data.segmentation import _PadTo
 
 
@@ -188,7 +188,7 @@ class CocoDetectionData(LightningDataModule):
         return DataLoader(
             ds,
             batch_size=self.hparams.batch_size,
-            sampler=EpochShuffleSampler(len(ds), self.hparams.shuffle_seed) if shuffle else None,
+            sampler=ResumableSampler(ds, self.hparams.shuffle_seed) if shuffle else None,
             num_workers=self.hparams.num_workers,
             persistent_workers=self.hparams.num_workers > 0,
             collate_fn=collate,

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from splitlab.data.common import EpochShuffleSampler, SkipCorrupt, require_dir
+from splitlab.data.common import ResumableSampler, SkipCorrupt, require_dir
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -268,7 +268,7 @@ class ADE20KData(LightningDataModule):
         return DataLoader(
             ds,
             batch_size=self.hparams.batch_size,
-            sampler=EpochShuffleSampler(len(ds), self.hparams.shuffle_seed) if shuffle else None,
+            sampler=ResumableSampler(ds, self.hparams.shuffle_seed) if shuffle else None,
             num_workers=self.hparams.num_workers,
             persistent_workers=self.hparams.num_workers > 0,
             drop_last=shuffle and len(ds) > self.hparams.batch_size,

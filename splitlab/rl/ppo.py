@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,21 +29,26 @@ class PPOConfig:
     max_grad_norm: float = 1.0
 
 
-def advantages(rewards: Tensor, eps: float = 1e-8) -> Tensor:
+def advantages(
+    rewards: Tensor, eps: float = 1e-8, reduce_mean: Callable[[Tensor], Tensor] | None = None
+) -> Tensor:
     """Baseline-subtracted, batch-normalised advantages.
 
     Args:
         rewards: ``(S, B)``: ``S`` rollouts of ``B`` images. With ``S > 1`` each image's mean
             reward is its baseline (image difficulty cancels); with ``S == 1`` the batch mean is.
+        reduce_mean: averages a scalar over DDP ranks, so that every rank normalises by the
+            global batch's spread (and the batch-mean baseline is global too).
 
     Returns:
         ``(S, B)`` advantages with unit standard deviation over the batch (all zero when every
         reward is equal).
     """
     rewards = rewards.float()
-    baseline = rewards.mean(0, keepdim=True) if rewards.shape[0] > 1 else rewards.mean()
+    reduce = reduce_mean or (lambda t: t)
+    baseline = rewards.mean(0, keepdim=True) if rewards.shape[0] > 1 else reduce(rewards.mean())
     centred = rewards - baseline
-    std = centred.pow(2).mean().sqrt()
+    std = reduce(centred.pow(2).mean()).sqrt()
     return centred / (std + eps)
 
 

@@ -448,7 +448,7 @@ class SplitTask(LightningModule):
             task_loss = self.per_sample_loss(outputs, self.repeat_targets(targets, samples)).float()
             lam = self.controller.value
             reward = -task_loss - lam * layout.fraction
-            advantage = advantages(reward.view(samples, -1)).reshape(-1)
+            advantage = advantages(reward.view(samples, -1), reduce_mean=self._mean_over_ranks).reshape(-1)
             deployed = fraction_of([lg > 0 for lg in old_logits])
         for _ in range(cfg.epochs):
             new_logits = [lg.repeat(samples, 1, 1) for lg in self.tokenizer.decision_logits(tokens)]
@@ -587,6 +587,12 @@ class SplitTask(LightningModule):
     def describe_prediction(self, outputs: Any, index: int) -> Any:
         """A JSON-friendly summary of one image's prediction."""
         return None
+
+    def configure_callbacks(self) -> list[Any]:
+        """Mid-epoch resumes continue at the exact sample (see `ResumePosition`)."""
+        from splitlab.callbacks.cluster import ResumePosition
+
+        return [ResumePosition()]
 
     # ----------------------------------------------------------------------------- checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

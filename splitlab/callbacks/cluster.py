@@ -1,0 +1,107 @@
+"""Surviving interruptions: mid-epoch resume at the exact sample, and SLURM's requeue signal."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from typing import Any
+
+import torch
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+
+def _train_loaders(trainer: Trainer) -> list[Any]:
+    loaders = trainer.train_dataloader
+    if loaders is None:
+        return []
+    flattened = getattr(loaders, "flattened", None)
+    if flattened is not None:
+        return list(flattened)
+    return list(loaders) if isinstance(loaders, list | tuple) else [loaders]
+
+
+class ResumePosition(Callback):
+    """On a mid-epoch restart, skip the samples the checkpoint already trained on.
+
+    Lightning restores the loop counters (the epoch continues at batch ``k``) but a plain
+    DataLoader starts its epoch from the top again, so without this the resumed run would see
+    ``k`` batches twice and miss ``k`` others. Samplers with a ``skip`` method
+    (`splitlab.data.ResumableSampler`) leave out the first ``k * batch_size`` indices of the
+    restarted epoch; the order itself is a function of (seed, epoch), so the rest matches the
+    uninterrupted run. `splitlab.tasks.SplitTask` adds this callback itself.
+    """
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if not trainer.fit_loop.restarting or done <= 0 or done >= trainer.num_training_batches:
+            return
+        for loader in _train_loaders(trainer):
+            sampler = getattr(loader, "sampler", None)
+            if hasattr(sampler, "skip") and loader.batch_size:
+                sampler.skip(done * loader.batch_size)
+                rank_zero_info(f"splitlab: resuming epoch {trainer.current_epoch} after batch {done}")
+            else:
+                rank_zero_warn(
+                    f"resuming mid-epoch at batch {done}, but the training sampler cannot skip what was seen: "
+                    "the epoch restarts from its first batch (use splitlab.data.ResumableSampler)"
+                )
+
+
+class SlurmRequeue(Callback):
+    """Checkpoint and requeue when SLURM signals the end of the time slot (``#SBATCH --signal=SIGUSR1@90``).
+
+    Lightning's own handler saves from inside the signal handler, i.e. at whatever instruction the
+    signal interrupts: under manual optimisation that can be half-way through PPO's K updates, or
+    between two ranks' collectives. Here the handler only raises a flag; at the end of the batch
+    the ranks agree (a max all-reduce, so one signalled rank suffices), every rank takes part in
+    ``trainer.save_checkpoint`` to ``default_root_dir/hpc_ckpt_N.ckpt`` (where Lightning looks
+    when the requeued job starts under SLURM), rank 0 runs ``scontrol requeue``, and training
+    stops. Registering the handler in ``setup`` keeps Lightning from installing its own.
+
+    Args:
+        signal_name: the signal SLURM sends (``--signal``), SIGUSR1 by default.
+    """
+
+    def __init__(self, signal_name: str = "SIGUSR1") -> None:
+        if not hasattr(signal, signal_name):
+            raise ValueError(f"signal_name={signal_name!r} is not a signal of this platform")
+        self.signum = getattr(signal, signal_name)
+        self.requested = False
+        self.checkpoint: str | None = None
+        self._previous: Any = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._previous = signal.signal(self.signum, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        flag = torch.tensor(float(self.requested), device=pl_module.device)
+        if trainer.world_size > 1:
+            flag = trainer.strategy.reduce(flag, reduce_op="max")
+        if flag.item() <= 0:
+            return
+        self.checkpoint = trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
+        trainer.save_checkpoint(self.checkpoint)
+        rank_zero_info(f"splitlab: SLURM requeue signal: saved {self.checkpoint}")
+        if trainer.is_global_zero:
+            job = os.environ.get("SLURM_ARRAY_JOB_ID")
+            job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID", "")
+            if re.fullmatch(r"[0-9_]+", job or ""):
+                result = subprocess.call(["scontrol", "requeue", job])
+                rank_zero_info(f"splitlab: scontrol requeue {job} -> {result}")
+            else:
+                rank_zero_warn("SLURM requeue signal outside a SLURM job (no SLURM_JOB_ID): not requeued")
+        self.requested = False
+        trainer.should_stop = True
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit" and self._previous is not None:
+            signal.signal(self.signum, self._previous)

@@ -1,0 +1,117 @@
+"""SLURM scripts and the Docker image: syntax, lint, and that the scripts ask SLURM for what they tell Lightning."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).parents[1]
+SCRIPTS = sorted((REPO / "configs" / "slurm").glob("*.sbatch"))
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str | None:
+    return shutil.which(name, path=f"{BIN}:{shutil.os.environ.get('PATH', '')}")
+
+
+def sbatch(script: Path, key: str) -> str:
+    match = re.search(rf"^#SBATCH --{key}=(\S+)", script.read_text(), re.M)
+    assert match, f"{script.name}: no #SBATCH --{key}"
+    return match.group(1)
+
+
+def variable(script: Path, name: str) -> str:
+    match = re.search(rf"^{name}=(\S+)", script.read_text(), re.M)
+    assert match, f"{script.name}: no {name}="
+    return match.group(1)
+
+
+def test_there_are_one_and_multi_node_scripts() -> None:
+    assert {s.name for s in SCRIPTS} >= {"one_node.sbatch", "multi_node.sbatch"}
+    assert int(sbatch(REPO / "configs" / "slurm" / "multi_node.sbatch", "nodes")) > 1
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_bash_syntax(script: Path) -> None:
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_shellcheck(script: Path) -> None:
+    if tool("shellcheck") is None:
+        pytest.skip("shellcheck not installed")
+    done = subprocess.run([tool("shellcheck"), str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_nodes_and_tasks_match_the_trainer(script: Path) -> None:
+    text = script.read_text()
+    nodes, per_node = int(sbatch(script, "nodes")), int(sbatch(script, "ntasks-per-node"))
+    assert int(variable(script, "NODES")) == nodes
+    assert int(variable(script, "GPUS_PER_NODE")) == per_node == int(sbatch(script, "gpus-per-node"))
+    assert '--trainer.num_nodes="$NODES"' in text and '--trainer.devices="$GPUS_PER_NODE"' in text
+    assert "#SBATCH --signal=SIGUSR1@90" in text and "srun" in text and "lightning fit" in text
+    assert "--config configs/trainer/slurm.yaml" in text
+
+
+def test_trainer_config_requeues_and_checkpoints() -> None:
+    cfg = yaml.safe_load((REPO / "configs" / "trainer" / "slurm.yaml").read_text())["trainer"]
+    assert cfg["strategy"] == "ddp" and cfg["precision"] == "bf16-mixed"
+    paths = [c["class_path"] for c in cfg["callbacks+"]]
+    assert "splitlab.callbacks.SlurmRequeue" in paths
+    ckpt = next(c for c in cfg["callbacks+"] if c["class_path"].endswith("ModelCheckpoint"))
+    assert ckpt["init_args"]["every_n_train_steps"] > 0
+
+
+def test_slurm_config_composes_with_every_recipe(tmp_path) -> None:
+    from splitlab.cli import lightning_main
+
+    for recipe in sorted((REPO / "tasks").glob("*.yaml")):
+        out = tmp_path / f"{recipe.stem}.yaml"
+        args = [
+            "fit",
+            "--config",
+            str(recipe),
+            "--config",
+            str(REPO / "configs" / "trainer" / "slurm.yaml"),
+            "--print_config",
+        ]
+        with open(out, "w") as f, __import__("contextlib").redirect_stdout(f), pytest.raises(SystemExit):
+            lightning_main(args)
+        callbacks = [c["class_path"] for c in yaml.safe_load(out.read_text())["trainer"]["callbacks"]]
+        assert (
+            "splitlab.callbacks.SplitSchedule" in callbacks and "splitlab.callbacks.SlurmRequeue" in callbacks
+        )
+
+
+def test_dockerfile_lints_and_installs_the_project() -> None:
+    dockerfile = REPO / "docker" / "Dockerfile"
+    text = dockerfile.read_text()
+    assert re.search(r"^FROM nvidia/cuda:\S+-runtime", text, re.M)
+    assert 'ENTRYPOINT ["lightning"]' in text and "pip install" in text
+    if tool("hadolint") is None:
+        pytest.skip("hadolint not installed")
+    done = subprocess.run([tool("hadolint"), str(dockerfile)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+
+
+def test_fsdp_config_shards_per_block() -> None:
+    from lightning.pytorch.strategies import FSDPStrategy
+    from timm.models.eva import EvaBlock
+    from timm.models.vision_transformer import Block
+
+    from splitlab.distributed import BlockFSDPStrategy
+
+    cfg = yaml.safe_load((REPO / "configs" / "trainer" / "fsdp.yaml").read_text())["trainer"]["strategy"]
+    assert cfg["class_path"] == "splitlab.distributed.BlockFSDPStrategy"
+    strategy = BlockFSDPStrategy(**cfg["init_args"])
+    assert isinstance(strategy, FSDPStrategy)
+    policy = strategy.kwargs["auto_wrap_policy"]
+    assert {Block, EvaBlock} <= set(getattr(policy, "_module_classes", ()))
