@@ -59,13 +59,8 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
         assert set(record["policies"]) == {"learned", "uniform", "random", "entropy"}
     out = tmp_path / "predict"
     lightning_main(
-        [
-            "predict",
-            *tiny_args(shapes_root, out),
-            f"--ckpt_path={ckpt}",
-            "--trainer.callbacks+=splitlab.callbacks.LayoutWriter",
-        ]
-    )
+        ["predict", *tiny_args(shapes_root, out), f"--ckpt_path={ckpt}"]
+    )  # the task adds a LayoutWriter
     lines = [json.loads(line) for line in (out / "layouts.jsonl").read_text().splitlines()]
     assert len(lines) == 12  # 3 test images x 4 classes
     for rec in lines:

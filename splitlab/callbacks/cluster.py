@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import warnings
 from typing import Any
 
 import torch
@@ -43,6 +44,10 @@ class ResumePosition(Callback):
             if hasattr(sampler, "skip") and loader.batch_size:
                 sampler.skip(done * loader.batch_size)
                 rank_zero_info(f"splitlab: resuming epoch {trainer.current_epoch} after batch {done}")
+                # Lightning warns that a plain DataLoader cannot resume mid-epoch; this one now does
+                warnings.filterwarnings(
+                    "ignore", message="You're resuming from a checkpoint that ended before the epoch"
+                )
             else:
                 rank_zero_warn(
                     f"resuming mid-epoch at batch {done}, but the training sampler cannot skip what was seen: "

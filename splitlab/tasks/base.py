@@ -228,10 +228,10 @@ class SplitTask(LightningModule):
         return self.tokenizer(images, self.backbone, mode="scores", scores=scores, threshold=threshold)
 
     def forward(
-        self, images: Tensor, policy: str = "learned", fraction: float | None = None
+        self, images: Tensor, policy: str = "learned", fraction: float | None = None, seed: int = 0
     ) -> tuple[Any, TokenLayout]:
-        """Task outputs and the layout used, for inference."""
-        layout = self.layout(images, policy, fraction)
+        """Task outputs and the layout used, for inference (``seed`` drives the random baseline)."""
+        layout = self.layout(images, policy, fraction, seed)
         return self.forward_task(self.backbone(layout, indices=self.backbone_indices())), layout
 
     def _normalisation(self) -> tuple[Sequence[float], Sequence[float]]:
@@ -501,7 +501,10 @@ class SplitTask(LightningModule):
                     continue
                 with timed(images.device) as elapsed:
                     base_out, base_layout = self(
-                        images, policy=policy, fraction=max(realised, self.levels.min_fraction)
+                        images,
+                        policy=policy,
+                        fraction=max(realised, self.levels.min_fraction),
+                        seed=batch_idx,
                     )
                 stats[policy].update_layout(base_layout.fraction, elapsed())
                 self.update_metrics(stats[policy].metrics, base_out, targets, base_layout)
@@ -532,7 +535,7 @@ class SplitTask(LightningModule):
             sync_dist=False,
         )
         self.log(f"{split}/fraction", learned["token_fraction_mean"], prog_bar=True)
-        self.log(f"{split}/fraction_std", learned["token_fraction_std"])
+        self.log(f"{split}/fraction_std", learned["token_fraction_std"], prog_bar=True)
         self.log("lambda", self.controller.value, prog_bar=True)
         for policy, values in results.items():
             if policy != "learned":
@@ -589,10 +592,15 @@ class SplitTask(LightningModule):
         return None
 
     def configure_callbacks(self) -> list[Any]:
-        """Mid-epoch resumes continue at the exact sample (see `ResumePosition`)."""
+        """Mid-epoch resumes continue at the exact sample (`ResumePosition`); ``predict`` writes each
+        image's layout (`LayoutWriter`, unless the trainer already has one)."""
         from splitlab.callbacks.cluster import ResumePosition
+        from splitlab.callbacks.predictions import LayoutWriter
 
-        return [ResumePosition()]
+        callbacks: list[Any] = [ResumePosition()]
+        if self._trainer is None or not any(isinstance(c, LayoutWriter) for c in self.trainer.callbacks):
+            callbacks.append(LayoutWriter())
+        return callbacks
 
     # ----------------------------------------------------------------------------- checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
