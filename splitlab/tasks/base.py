@@ -2,36 +2,33 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from lightning import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
 from splitlab.backbone import PackedFeatures, PackedViT
-from splitlab.rl import FractionController, PPOConfig, advantages, ppo_policy_loss, warm_start_labels
-from splitlab.tasks.evaluation import PolicyStats, format_table, summary_record, timed, write_summary
+from splitlab.rl import FractionController, PPOConfig
+from splitlab.tasks.evaluation import PolicyEvaluation, PolicyStats
+from splitlab.tasks.training import StageTraining
 from splitlab.tokenizer import (
     BASELINES,
     Levels,
     SplitTokenizer,
     TokenLayout,
     baseline_scores,
-    build_layout,
-    fraction_of,
 )
 
 Stage = Literal["dense", "warm_start", "ppo"]
 STAGES = ("dense", "warm_start", "ppo")
 
 
-class SplitTask(LightningModule):
+class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
     """A SPLIT model for one task: tokenizer + `PackedViT` + task head, trained in stages.
 
     Stages (set by `splitlab.callbacks.SplitSchedule`):
@@ -48,7 +45,7 @@ class SplitTask(LightningModule):
     PPO needs several updates per batch.
 
     Args:
-        backbone: timm model name (or a built `VisionTransformer`).
+        backbone: timm model name (a ViT or an EVA-02).
         pretrained: load timm's pretrained weights (needs the hub or its cache).
         checkpoint_path: local backbone weights for offline machines.
         backbone_kwargs: extra ``timm.create_model`` arguments (``img_size``, ``depth``, ...).
@@ -290,316 +287,23 @@ class SplitTask(LightningModule):
             return value
         return self.trainer.strategy.reduce(value, reduce_op="mean")
 
-    # ----------------------------------------------------------------------------- optimisation
-    def configure_optimizers(self) -> Any:
-        hp = self.hparams
-        decay, no_decay = [], []
-        skip = {f"model.{n}" for n in getattr(self.backbone.model, "no_weight_decay", lambda: set())()}
-        for module in self.task_modules():
-            for name, param in module.named_parameters():
-                (no_decay if param.ndim <= 1 or name in skip or "level_embed" in name else decay).append(
-                    param
-                )
-        task_opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=hp.lr,
-        )
-        policy_opt = torch.optim.Adam(self.tokenizer.decision.parameters(), lr=hp.policy_lr)
-        total = max(self._stage_steps("supervised"), 1)
-        self._ppo_total_steps = max(self._stage_steps("ppo"), 1)
-        warmup = min(hp.warmup_steps, total)
-
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-        task_sched = torch.optim.lr_scheduler.LambdaLR(task_opt, schedule)
-        return [task_opt, policy_opt], [task_sched]
-
-    def _stage_steps(self, which: str) -> int:
-        """Batches the supervised stages (dense + warm start) or PPO will see in this fit."""
-        from splitlab.callbacks.schedule import SplitSchedule
-
-        trainer = self.trainer
-        sched = next((c for c in trainer.callbacks if isinstance(c, SplitSchedule)), None)
-        if sched is None or not trainer.max_epochs or trainer.max_epochs < 1:
-            return int(trainer.estimated_stepping_batches)
-        per_epoch = math.ceil(trainer.estimated_stepping_batches / trainer.max_epochs)
-        if which == "supervised":
-            return per_epoch * (sched.dense_epochs + sched.warm_start_epochs)
-        return per_epoch * (trainer.max_epochs - sched.dense_epochs - sched.warm_start_epochs)
-
-    def _policy_lr(self) -> float:
-        """PPO's learning rate, annealed (cosine to 5%) over the PPO batches.
-
-        Late in PPO the policy should settle where λ holds it: a fast-moving policy at the end
-        leaves the deployed fraction wherever the last oscillation put it. The PPO step count is
-        the controller's (checkpointed) step counter, so the schedule survives resume.
-        """
-        total = getattr(self, "_ppo_total_steps", 1)
-        progress = min(int(self.controller.steps) / total, 1.0)
-        return self.hparams.policy_lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress)))
-
-    def backward_synced(self, loss: Tensor, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """``manual_backward``, then one coalesced all-reduce (mean) of the optimizers' gradients under DDP.
-
-        DDP's reducer needs every trainable parameter to receive a gradient in every backward
-        (or ``find_unused_parameters``, a graph walk per step). Here the used set depends on the
-        data (a level with no kept token on one rank gives its embedding no gradient) and on the
-        stage (PPO's K backward passes touch only the decision module), so the backward runs
-        without DDP's sync and the gradients are averaged here: missing ones count as zero, so
-        every rank applies the same update. In PPO only the small policy is communicated.
-        """
-        model = self.trainer.model if self._trainer is not None else None
-        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            self.manual_backward(loss)
-            return
-        with model.no_sync():
-            self.manual_backward(loss)
-        params = [
-            p for opt in optimizers for group in opt.param_groups for p in group["params"] if p.requires_grad
-        ]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch._utils._flatten_dense_tensors(grads)
-        torch.distributed.all_reduce(flat)
-        flat /= torch.distributed.get_world_size()
-        for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
-            p.grad = g
-
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        images, targets = self.split_batch(batch)
-        if self.stage == "ppo":
-            stats = self.ppo_step(images, targets)
-        else:
-            stats = self.supervised_step(images, targets)
-        batch_size = images.shape[0]
-        self.log_dict({f"train/{k}": v for k, v in stats.items()}, batch_size=batch_size)
-        self.log("lambda", self.controller.value, prog_bar=True, batch_size=batch_size)
-        return stats["loss"]
-
-    def supervised_step(self, images: Tensor, targets: Any) -> dict[str, Tensor]:
-        """Dense or warm-start step: task loss on layouts (+ imitation BCE in the warm start)."""
-        task_opt, policy_opt = self.optimizers()
-        task_sched = self.lr_schedulers()
-        tokens, content = self.tokenizer.embed(images, self.backbone)
-        stats: dict[str, Tensor] = {}
-        if self.stage == "dense":
-            layout = build_layout(
-                tokens, [torch.ones(t.shape[:3], dtype=torch.bool) for t in tokens[:-1]], self.levels
-            )
-            imitation = None
-        else:
-            logits = self.tokenizer.decision_logits(tokens)
-            labels, _ = warm_start_labels(content, self.levels, self.target_fraction)
-            imitation = sum(
-                F.binary_cross_entropy_with_logits(lg.float(), lab.float(), reduction="sum")
-                for lg, lab in zip(logits, labels, strict=True)
-            ) / sum(lab.numel() for lab in labels)
-            # The backbone fine-tunes on layouts *sampled from the policy* rather than on the labels:
-            # PPO's rollouts and the deployed threshold layouts come from this policy, so the backbone
-            # learns the distribution it will be frozen on, and sampling's variety keeps it robust to
-            # PPO's exploration. The labels only teach the policy (BCE).
-            with torch.no_grad():
-                decisions = [
-                    torch.bernoulli(torch.sigmoid(lg.float()), generator=self.generator).bool()
-                    for lg in logits
-                ]
-            layout = build_layout(tokens, decisions, self.levels)
-            stats["imitation"] = imitation.detach()
-            stats["label_agreement"] = torch.stack(
-                [((lg > 0) == lab).float().mean() for lg, lab in zip(logits, labels, strict=True)]
-            ).mean()
-        outputs = self.forward_task(self.backbone(layout, indices=self.backbone_indices()))
-        task_loss = self.per_sample_loss(outputs, targets).mean()
-        loss = task_loss if imitation is None else task_loss + self.hparams.imitation_weight * imitation
-        task_opt.zero_grad()
-        policy_opt.zero_grad()
-        self.backward_synced(loss, [task_opt, policy_opt])
-        self.clip_gradients(
-            task_opt, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm"
-        )
-        task_opt.step()
-        if imitation is not None:
-            policy_opt.step()
-        task_sched.step()
-        stats.update(loss=loss.detach(), task_loss=task_loss.detach(), fraction=layout.fraction.mean())
-        return stats
-
-    def ppo_step(self, images: Tensor, targets: Any) -> dict[str, Tensor]:
-        """Roll out sampled layouts, score them with the frozen model, update the policy K times."""
-        _, policy_opt = self.optimizers()
-        for group in policy_opt.param_groups:
-            group["lr"] = self._policy_lr()
-        cfg = self.ppo
-        samples = cfg.samples
-        with torch.no_grad():
-            tokens, _ = self.tokenizer.embed(images, self.backbone)
-            old_logits = self.tokenizer.decision_logits(tokens)
-            rep_tokens = [t.repeat(samples, 1, 1, 1) for t in tokens]
-            rep_logits = [lg.repeat(samples, 1, 1) for lg in old_logits]
-            decisions = [
-                torch.bernoulli(torch.sigmoid(lg.float()), generator=self.generator).bool()
-                for lg in rep_logits
-            ]
-            layout = build_layout(rep_tokens, decisions, self.levels, rep_logits)
-            outputs = self.forward_task(self.backbone(layout, indices=self.backbone_indices()))
-            task_loss = self.per_sample_loss(outputs, self.repeat_targets(targets, samples)).float()
-            lam = self.controller.value
-            reward = -task_loss - lam * layout.fraction
-            advantage = advantages(reward.view(samples, -1), reduce_mean=self._mean_over_ranks).reshape(-1)
-            deployed = fraction_of([lg > 0 for lg in old_logits])
-        for _ in range(cfg.epochs):
-            new_logits = [lg.repeat(samples, 1, 1) for lg in self.tokenizer.decision_logits(tokens)]
-            loss, ppo_stats = ppo_policy_loss(
-                new_logits,
-                rep_logits,
-                layout.decisions,
-                layout.candidates,
-                advantage,
-                cfg.clip,
-                cfg.entropy_coef,
-            )
-            policy_opt.zero_grad()
-            self.backward_synced(loss, [policy_opt])
-            self.clip_gradients(
-                policy_opt, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm"
-            )
-            policy_opt.step()
-        self.controller.update(deployed.mean())
-        return {
-            "loss": loss.detach(),
-            "task_loss": task_loss.mean(),
-            "reward": reward.mean(),
-            "fraction": layout.fraction.mean(),
-            "deployed_fraction": deployed.mean(),
-            **ppo_stats,
-        }
-
-    # ----------------------------------------------------------------------------- evaluation
-    def _evaluate_baselines(self) -> bool:
-        trainer = self.trainer
-        if trainer.sanity_checking:
-            return False
-        if trainer.state.fn != "fit":
-            return True
-        return trainer.current_epoch + 1 >= (trainer.max_epochs or 0)
-
-    def _eval_step(self, batch: Any, batch_idx: int, split: str) -> dict[str, Any]:
-        images, targets = self.split_batch(batch)
-        stats = getattr(self, f"{split}_stats")
-        with timed(images.device) as elapsed:
-            outputs, layout = self(images, policy=self.deployed_policy)
-        learned = stats["learned"]
-        learned.update_layout(layout.fraction, elapsed())
-        self.update_metrics(learned.metrics, outputs, targets, layout)
-        if self._evaluate_baselines():
-            realised = float(layout.fraction.mean())
-            for policy in self.hparams.eval_baselines:
-                if policy == self.deployed_policy:
-                    continue
-                with timed(images.device) as elapsed:
-                    base_out, base_layout = self(
-                        images,
-                        policy=policy,
-                        fraction=max(realised, self.levels.min_fraction),
-                        seed=batch_idx,
-                    )
-                stats[policy].update_layout(base_layout.fraction, elapsed())
-                self.update_metrics(stats[policy].metrics, base_out, targets, base_layout)
-        return {"images": images, "layout": layout} if batch_idx == 0 else {}
-
-    def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
-        return self._eval_step(batch, batch_idx, "val")
-
-    def test_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
-        return self._eval_step(batch, batch_idx, "test")
-
-    def _eval_epoch_end(self, split: str) -> None:
-        stats = getattr(self, f"{split}_stats")
-        results = {}
-        for policy, stat in stats.items():
-            if not stat.images.update_called:
-                stat.reset()
-                continue
-            results[policy] = stat.compute()
-            stat.reset()
-        if "learned" not in results:
-            return
-        learned = results["learned"]
-        self.log(
-            f"{split}/{self.metric_name}",
-            learned.get(self.metric_name, float("nan")),
-            prog_bar=True,
-            sync_dist=False,
-        )
-        self.log(f"{split}/fraction", learned["token_fraction_mean"], prog_bar=True)
-        self.log(f"{split}/fraction_std", learned["token_fraction_std"], prog_bar=True)
-        self.log("lambda", self.controller.value, prog_bar=True)
-        for policy, values in results.items():
-            if policy != "learned":
-                self.log(f"{split}/{policy}/{self.metric_name}", values.get(self.metric_name, float("nan")))
-                self.log(f"{split}/{policy}/fraction", values["token_fraction_mean"])
-        if not self._evaluate_baselines():  # the summary is written at the end of fit, validate and test
-            return
-        if self.deployed_policy != "learned":  # a dense (pretraining) run deploys the uniform grid
-            results = {self.deployed_policy: results.pop("learned"), **results}
-        record = summary_record(
-            self.task_name,
-            self.metric_name,
-            self.target_fraction,
-            self.controller.value,
-            results,
-            str(self.trainer.state.fn.value),
-        )
-        self.last_summary = record
-        log_dir = self.trainer.log_dir or self.trainer.default_root_dir
-        if self.trainer.is_global_zero:
-            write_summary(record, log_dir)
-            rank_zero_info("\n" + format_table(record))
-
-    def on_validation_epoch_end(self) -> None:
-        self._eval_epoch_end("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._eval_epoch_end("test")
-
-    def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
-        """Each image's layout (token boxes in pixels, levels, fraction) and the task output."""
-        images, _ = self.split_batch(batch) if isinstance(batch, list | tuple) else (batch, None)
-        outputs, layout = self(images)
-        finest = self.levels.finest
-        records = []
-        for i, (boxes, levels) in enumerate(
-            zip(layout.split(layout.boxes), layout.split(layout.level), strict=True)
-        ):
-            records.append(
-                {
-                    "batch": batch_idx,
-                    "index": i,
-                    "token_fraction": float(layout.fraction[i]),
-                    "tokens": [
-                        [*(b * finest).tolist(), int(lv)] for b, lv in zip(boxes, levels, strict=True)
-                    ],
-                    "prediction": self.describe_prediction(outputs, i),
-                }
-            )
-        return records
-
-    def describe_prediction(self, outputs: Any, index: int) -> Any:
-        """A JSON-friendly summary of one image's prediction."""
-        return None
-
     def configure_callbacks(self) -> list[Any]:
         """Mid-epoch resumes continue at the exact sample (`ResumePosition`); ``predict`` writes each
-        image's layout (`LayoutWriter`, unless the trainer already has one)."""
+        image's layout (`LayoutWriter`) and ``fit`` follows a `SplitSchedule`, unless the trainer
+        already has them."""
         from splitlab.callbacks.cluster import ResumePosition
         from splitlab.callbacks.predictions import LayoutWriter
+        from splitlab.callbacks.schedule import SplitSchedule
 
+        present = self.trainer.callbacks if self._trainer is not None else []
         callbacks: list[Any] = [ResumePosition()]
-        if self._trainer is None or not any(isinstance(c, LayoutWriter) for c in self.trainer.callbacks):
+        if not any(isinstance(c, LayoutWriter) for c in present):
             callbacks.append(LayoutWriter())
+        if not any(isinstance(c, SplitSchedule) for c in present):
+            rank_zero_info(
+                "splitlab: no SplitSchedule in trainer.callbacks: using 1 warm-start epoch, then PPO"
+            )
+            callbacks.append(SplitSchedule())
         return callbacks
 
     # ----------------------------------------------------------------------------- checkpoint
