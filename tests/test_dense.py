@@ -288,3 +288,41 @@ def test_annotation_labels_above_num_classes(tmp_path) -> None:
         dm.datasets["train"].dataset[0]
     image, mask = dm.datasets["val"][0]
     assert image.shape == (3, 64, 64) and mask.shape == (64, 64) and mask.max() < 5
+
+
+@pytest.mark.parametrize("detector", ["faster_rcnn", "mask_rcnn"])
+def test_detection_per_image_loss_and_metrics(tmp_path, detector) -> None:
+    from splitlab.data import CocoDetectionData, generate_coco
+    from splitlab.tasks import DetectionTask
+
+    root = generate_coco(tmp_path / "coco", image_size=64, train=4, val=2)
+    dm = CocoDetectionData(
+        root=str(root), img_size=64, masks=detector == "mask_rcnn", batch_size=3, num_workers=0
+    )
+    dm.setup("fit")
+    images, targets = next(iter(dm.train_dataloader()))
+    task = DetectionTask(
+        num_classes=3,
+        detector=detector,
+        backbone="vit_tiny_patch16_224",
+        backbone_kwargs={"img_size": 64, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2},
+        levels=[32, 16, 8],
+        pyramid_channels=16,
+        pyramid_indices=[1],
+        anchor_sizes=[8, 16, 32, 64],
+        representation_size=32,
+        decision_dim=16,
+        decision_heads=2,
+    )
+    for stage in ("warm_start", "ppo"):  # RPN proposals, then the layout-independent reference proposals
+        task.stage = stage
+        outputs, layout = task(images)
+        loss = task.per_sample_loss(outputs, targets)
+        assert loss.shape == (3,) and torch.isfinite(loss).all()
+    loss.mean().backward()
+    assert task.head["pyramid"].outputs[0][0].weight.grad is not None
+    metrics = task.build_metrics()
+    with torch.no_grad():
+        outputs, layout = task(images)
+        task.update_metrics(metrics, outputs, targets, layout)
+    assert 0.0 <= metrics.compute()["map"].item() <= 1.0

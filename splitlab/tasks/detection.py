@@ -15,6 +15,7 @@ from torchmetrics.detection import MeanAveragePrecision
 from torchvision.models.detection import FasterRCNN, MaskRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+from torchvision.models.detection.mask_rcnn import MaskRCNNPredictor
 from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import MultiScaleRoIAlign
 
@@ -172,6 +173,9 @@ class DetectionTask(SplitTask):
         }
         if detector == "mask_rcnn":
             kwargs["mask_roi_pool"] = MultiScaleRoIAlign(names, output_size=14, sampling_ratio=2)
+            kwargs["mask_predictor"] = MaskRCNNPredictor(
+                256, 256, self.num_classes + 1
+            )  # torchvision's head widths
         heads = nn.ModuleDict(
             {
                 "pyramid": SimpleFeaturePyramid(
