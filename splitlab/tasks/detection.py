@@ -15,8 +15,8 @@ from torchmetrics.detection import MeanAveragePrecision
 from torchvision.models.detection import FasterRCNN, MaskRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
-from torchvision.models.detection.mask_rcnn import MaskRCNNPredictor
 from torchvision.models.detection.image_list import ImageList
+from torchvision.models.detection.mask_rcnn import MaskRCNNPredictor
 from torchvision.ops import MultiScaleRoIAlign
 
 from splitlab.backbone import PackedFeatures
