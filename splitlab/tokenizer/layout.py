@@ -111,11 +111,3 @@ class TokenLayout:
     def level_map(self) -> Tensor:
         """``(B, Hf, Wf)`` level index of the token covering each finest cell."""
         return self.level[self.cover_index]
-
-    def replace_tokens(self, tokens: Tensor) -> TokenLayout:
-        """Same layout, other token vectors (e.g. after a projection)."""
-        if tokens.shape[0] != self.tokens.shape[0]:
-            raise ValueError(f"tokens has {tokens.shape[0]} rows, the layout {self.tokens.shape[0]}")
-        copy = TokenLayout(**{k: getattr(self, k) for k in self.__dataclass_fields__})
-        copy.tokens = tokens
-        return copy
