@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from splitlab.backbone import PackedViT
-from splitlab.tokenizer import SplitTokenizer
+from splitlab.tokenizer import SplitTokenizer, baseline_scores
 
 
 @pytest.fixture(autouse=True)
@@ -76,3 +76,9 @@ def schedule_args(warm: int, rl: int, dense: int = 0) -> list[str]:
         },
     ]
     return [f"--trainer.max_epochs={dense + warm + rl}", f"--trainer.callbacks={json.dumps(callbacks)}"]
+
+
+def layout_of(name: str, tokenizer, backbone, images, **kwargs):
+    """A baseline layout (``uniform``, ``coarse``, ``random``, ``entropy``) through the tokenizer."""
+    scores, threshold = baseline_scores(name, images, tokenizer.levels, **kwargs)
+    return tokenizer(images, backbone, mode="scores", scores=scores, threshold=threshold)

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import layout_of
 from PIL import Image
 
 from splitlab.backbone import PackedViT
@@ -20,12 +21,7 @@ from splitlab.tasks.dense import (
     pyramid_scales,
 )
 from splitlab.tasks.metrics import FineCoverage, cell_classes
-from splitlab.tokenizer import Levels, SplitTokenizer, baseline_scores, build_layout
-
-
-def layout_of(name: str, tokenizer, backbone, x, **kw):
-    scores, threshold = baseline_scores(name, x, tokenizer.levels, **kw)
-    return tokenizer(x, backbone, mode="scores", scores=scores, threshold=threshold)
+from splitlab.tokenizer import Levels, SplitTokenizer, build_layout
 
 
 def test_pyramid_of_a_uniform_layout_equals_the_dense_model() -> None:

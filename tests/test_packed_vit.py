@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
+from conftest import layout_of
 
 from splitlab.backbone import PackedViT
-from splitlab.tokenizer import Levels, SplitTokenizer, baseline_scores
+from splitlab.tokenizer import Levels, SplitTokenizer
 
 
 def uniform_layout(tokenizer, backbone, x):
-    scores, threshold = baseline_scores("uniform", x, tokenizer.levels)
-    return tokenizer(x, backbone, mode="scores", scores=scores, threshold=threshold)
+    return layout_of("uniform", tokenizer, backbone, x)
 
 
 @pytest.mark.parametrize(

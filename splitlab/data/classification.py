@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning import LightningDataModule
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
-from splitlab.data.common import ResumableSampler, SkipCorrupt, require_dir
+from splitlab.data.common import SkipCorrupt, SplitDataModule, require_dir
 
 
 class HFImageDataset(Dataset):
@@ -40,7 +39,7 @@ class HFImageDataset(Dataset):
         return self.transform(row[self.image_column].convert("RGB")), int(row[self.label_column])
 
 
-class ImageClassificationData(LightningDataModule):
+class ImageClassificationData(SplitDataModule):
     """Classification data from an ImageFolder tree or a Hugging Face dataset.
 
     Exactly one of ``root`` (``root/<split>/<class>/<image>``) and ``hf_dataset`` (a hub name or a
@@ -95,7 +94,7 @@ class ImageClassificationData(LightningDataModule):
         self.save_hyperparameters()
         self.mean, self.std = tuple(mean), tuple(std)
         self.img_size = img_size
-        self.batch_size, self.num_workers = batch_size, num_workers
+        self.batch_size = batch_size
         self.datasets: dict[str, Dataset] = {}
         self.classes: list[str] = []
 
@@ -177,30 +176,8 @@ class ImageClassificationData(LightningDataModule):
         if stage in ("test", "predict") and "test" not in self.datasets:
             self.datasets["test"] = self._split(hp.test_split, training=False) or self.datasets["val"]
 
+    test_key = "test"  # setup falls back to the validation split when there is no test folder
+
     @property
     def num_classes(self) -> int:
         return len(self.classes)
-
-    def _loader(self, name: str, shuffle: bool) -> DataLoader:
-        dataset = self.datasets[name]
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=ResumableSampler(dataset, self.hparams.shuffle_seed) if shuffle else None,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),
-            drop_last=shuffle and len(dataset) > self.batch_size,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from lightning import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
 class ResumableSampler(DistributedSampler):
@@ -75,3 +76,40 @@ def require_dir(path: str | Path, setting: str) -> Path:
     if not p.is_dir():
         raise FileNotFoundError(f"{setting}={str(path)!r}: no such directory")
     return p
+
+
+class SplitDataModule(LightningDataModule):
+    """Loaders every splitlab DataModule shares: a `ResumableSampler` for training, dataset order for
+    evaluation. Subclasses fill ``self.datasets`` (``train``, ``val`` and optionally ``test``) in
+    ``setup`` and have ``batch_size``, ``num_workers`` and ``shuffle_seed`` hyperparameters."""
+
+    collate_fn: Callable | None = None
+    test_key = "val"  # the split `test` and `predict` read
+
+    def _loader(self, key: str, shuffle: bool) -> DataLoader:
+        hp, dataset = self.hparams, self.datasets[key]
+        batch_size = getattr(
+            self, "batch_size", hp.batch_size
+        )  # an attribute, so Lightning's tuner can scale it
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=ResumableSampler(dataset, hp.shuffle_seed) if shuffle else None,
+            num_workers=hp.num_workers,
+            persistent_workers=hp.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            collate_fn=type(self).collate_fn,
+            drop_last=shuffle and len(dataset) > batch_size,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_key, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.test_key, shuffle=False)

@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning import LightningDataModule
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from splitlab.data.common import ResumableSampler, SkipCorrupt, require_dir
+from splitlab.data.common import SkipCorrupt, SplitDataModule, require_dir
 from splitlab.data.segmentation import _PadTo
 
 
@@ -129,7 +128,7 @@ class _Letterbox(v2.Compose):
         self.size = size
 
 
-class CocoDetectionData(LightningDataModule):
+class CocoDetectionData(SplitDataModule):
     """COCO detection for `DetectionTask`: images letterboxed to ``img_size`` (longer side), padded square.
 
     Args:
@@ -179,30 +178,8 @@ class CocoDetectionData(LightningDataModule):
         if stage == "fit" and "train" not in self.datasets:
             self.datasets["train"] = self._split(hp.train_images, hp.train_annotations, True)
 
+    collate_fn = staticmethod(collate)
+
     @property
     def num_classes(self) -> int:
         return len(self.datasets["val"].dataset.categories)
-
-    def _loader(self, key: str, shuffle: bool) -> DataLoader:
-        ds = self.datasets[key]
-        return DataLoader(
-            ds,
-            batch_size=self.hparams.batch_size,
-            sampler=ResumableSampler(ds, self.hparams.shuffle_seed) if shuffle else None,
-            num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
-            collate_fn=collate,
-            drop_last=shuffle and len(ds) > self.hparams.batch_size,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("val", False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("val", False)

@@ -14,14 +14,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning import LightningDataModule
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from splitlab.data.common import ResumableSampler, SkipCorrupt, require_dir
+from splitlab.data.common import SkipCorrupt, SplitDataModule, require_dir
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -154,7 +153,7 @@ class HFSegmentation(Dataset):
         )
 
 
-class ADE20KData(LightningDataModule):
+class ADE20KData(SplitDataModule):
     """ADE20K (or any dataset in its layout) for `SegmentationTask`.
 
     Training: random rescale (``scale_range`` of ``img_size``), random ``img_size`` crop (padded
@@ -262,26 +261,3 @@ class ADE20KData(LightningDataModule):
                 if ds is None:
                     raise FileNotFoundError(f"no {name!r} split in {hp.root or hp.hf_dataset!r}")
                 self.datasets[key] = ds
-
-    def _loader(self, key: str, shuffle: bool) -> DataLoader:
-        ds = self.datasets[key]
-        return DataLoader(
-            ds,
-            batch_size=self.hparams.batch_size,
-            sampler=ResumableSampler(ds, self.hparams.shuffle_seed) if shuffle else None,
-            num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
-            drop_last=shuffle and len(ds) > self.hparams.batch_size,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("val", False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("val", False)
