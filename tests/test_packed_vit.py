@@ -24,6 +24,9 @@ def uniform_layout(tokenizer, backbone, x):
         ("vit_tiny_patch16_224", {"depth": 2, "class_token": False, "global_pool": "avg", "img_size": 128}),
         ("vit_small_patch14_dinov2", {"depth": 2, "img_size": 112}),
         ("vit_tiny_patch16_224", {"depth": 2, "block_fn": timm.models.vision_transformer.ResPostBlock}),
+        ("eva02_tiny_patch14_224", {"img_size": 112, "depth": 2}),  # EVA-02: rotary embedding per token
+        ("eva02_small_patch14_224", {"img_size": 112, "depth": 2, "num_classes": 10}),
+        ("eva02_base_patch16_clip_224", {"img_size": 128, "depth": 2}),
     ],
 )
 def test_uniform_layout_equals_timm_forward_features(name, kwargs) -> None:
