@@ -114,8 +114,8 @@ def run_pipeline(
     data = out / "data"
     if not (data / ".complete").exists():
         generate_for(task, data, seed)
-    common = [
-        *ci_recipe(task),
+    # overrides follow every --config, so the dense stage's config cannot reset them
+    overrides = [
         f"--data.init_args.root={data}",
         f"--seed_everything={seed}",
         f"--model.init_args.sampling_seed={seed}",
@@ -123,27 +123,19 @@ def run_pipeline(
         "--trainer.logger.init_args.name=",
     ]
     if quiet:
-        common += ["--trainer.enable_progress_bar=false"]
+        overrides += ["--trainer.enable_progress_bar=false"]
     pretrain = out / "pretrain" / "checkpoints" / "last.ckpt"
     if not pretrain.exists():
         dense = REPO / "configs" / "ci" / PIPELINES[task][2]
-        lightning_main(
-            [
-                "fit",
-                *common,
-                "--config",
-                str(dense),
-                f"--trainer.logger.init_args.save_dir={out}",
-                "--trainer.logger.init_args.name=",
-                "--trainer.logger.init_args.version=pretrain",
-                *extra,
-            ]
-        )
+        version = "--trainer.logger.init_args.version=pretrain"
+        lightning_main(["fit", *ci_recipe(task), "--config", str(dense), *overrides, version, *extra])
+    version = "--trainer.logger.init_args.version="
     lightning_main(
         [
             "fit",
-            *common,
-            "--trainer.logger.init_args.version=",
+            *ci_recipe(task),
+            *overrides,
+            version,
             f"--model.init_args.init_checkpoint={pretrain}",
             *extra,
         ]

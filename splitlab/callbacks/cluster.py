@@ -88,11 +88,13 @@ class SlurmRequeue(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        flag = torch.tensor(float(self.requested), device=pl_module.device)
-        if trainer.world_size > 1:
-            flag = trainer.strategy.reduce(flag, reduce_op="max")
-        if flag.item() <= 0:
-            return
+        if trainer.world_size == 1:
+            if not self.requested:  # one process: no agreement (and no device sync) needed
+                return
+        else:
+            flag = torch.tensor(float(self.requested), device=pl_module.device)
+            if trainer.strategy.reduce(flag, reduce_op="max").item() <= 0:
+                return
         self.checkpoint = trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
         trainer.save_checkpoint(self.checkpoint)
         rank_zero_info(f"splitlab: SLURM requeue signal: saved {self.checkpoint}")
