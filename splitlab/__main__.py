@@ -1,3 +1,3 @@
-from splitlab.cli import main
+from splitlab.commands import main
 
 main()

@@ -5,6 +5,7 @@ from splitlab.backbone.attention import (
     AttentionBackend,
     PackedSequence,
     available_backends,
+    check_backend_name,
     resolve_backend,
 )
 from splitlab.backbone.flops import backbone_flops, block_flops
@@ -20,6 +21,7 @@ __all__ = [
     "available_backends",
     "backbone_flops",
     "block_flops",
+    "check_backend_name",
     "create_vit",
     "resolve_backend",
 ]

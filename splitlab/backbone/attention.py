@@ -256,16 +256,22 @@ def available_backends(device: torch.device | str, dtype: torch.dtype = torch.fl
     return [name for name, b in BACKENDS.items() if b.available(device, dtype)]
 
 
+def check_backend_name(name: str) -> str:
+    """``name`` if it is ``auto`` or a registered backend, else a ValueError naming the setting."""
+    if name != "auto" and name not in BACKENDS:
+        raise ValueError(f"attn_backend={name!r}: expected 'auto' or one of {sorted(BACKENDS)}")
+    return name
+
+
 def resolve_backend(
     name: str, device: torch.device | str, dtype: torch.dtype = torch.float32
 ) -> AttentionBackend:
     """The backend called ``name``, or for ``auto`` the fastest correct one for ``device`` and ``dtype``."""
     device = torch.device(device)
+    check_backend_name(name)
     if name == "auto":
         order = ("flash", "nested", "padded") if device.type == "cuda" else ("padded",)
         name = next(n for n in order if BACKENDS[n].available(device, dtype))
-    if name not in BACKENDS:
-        raise ValueError(f"attn_backend={name!r}: expected 'auto' or one of {sorted(BACKENDS)}")
     backend = BACKENDS[name]
     if not backend.available(device, dtype):
         raise ValueError(f"attn_backend={name!r} is not available for {device.type} tensors of {dtype}")

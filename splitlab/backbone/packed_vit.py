@@ -14,7 +14,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from splitlab.backbone.attention import PackedSequence, resolve_backend
+from splitlab.backbone.attention import PackedSequence, check_backend_name, resolve_backend
 from splitlab.tokenizer.layout import TokenLayout
 
 
@@ -175,6 +175,7 @@ class PackedViT(nn.Module):
         **model_kwargs,
     ) -> None:
         super().__init__()
+        check_backend_name(attn_backend)  # before any weight download
         if isinstance(model_name, nn.Module):
             model = model_name
             name = type(model).__name__
@@ -208,6 +209,15 @@ class PackedViT(nn.Module):
                     f"model_name={name!r}: attention type {type(attn).__name__} is not timm's Attention or "
                     "EvaAttention, which PackedViT supports"
                 )
+
+    @property
+    def attn_backend(self) -> str:
+        """The packed-attention backend's name (``auto`` resolves per device and dtype at each call)."""
+        return self._attn_backend
+
+    @attn_backend.setter
+    def attn_backend(self, name: str) -> None:
+        self._attn_backend = check_backend_name(name)
 
     @property
     def patch_size(self) -> int:

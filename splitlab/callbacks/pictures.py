@@ -62,7 +62,6 @@ class TokenMapPictures(Callback):
     def __init__(self, num_images: int = 8, scale: int = 4) -> None:
         self.num_images = num_images
         self.scale = scale
-        self.saved: list[Path] = []
 
     def on_validation_batch_end(
         self,
@@ -83,12 +82,11 @@ class TokenMapPictures(Callback):
         log_dir = trainer.log_dir or trainer.default_root_dir
         if not trainer.is_global_zero:
             return
-        mean, std = pl_module._normalisation()
+        mean, std = pl_module.normalisation
         picture = draw_token_map(outputs["images"], outputs["layout"], mean, std, self.num_images, self.scale)
         path = Path(log_dir) / "token_maps" / f"epoch_{trainer.current_epoch:03d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         picture.save(path)
-        self.saved.append(path)
         for logger in trainer.loggers:
             experiment = getattr(logger, "experiment", None)
             if hasattr(experiment, "add_image"):

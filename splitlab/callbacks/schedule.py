@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 
 class SplitSchedule(Callback):
-    """Which stage each epoch trains, and the switch between them.
+    """Which stage each epoch trains: the one owner of the schedule.
 
     Epochs ``[0, dense)`` train backbone and head on the uniform grid (only for backbones without
     pretrained weights), the next ``warm_start_epochs`` run the warm start, and every epoch after
     that runs PPO with backbone, head and embeddings frozen (the paper's classification recipe is
-    1 + 1). The stage is kept in the checkpoint, so a run resumed mid-epoch (when
-    ``on_train_epoch_start`` is not called again) continues in the right stage; λ, the optimizers'
-    states and the policy's generator are checkpointed with the model.
+    1 + 1). The stage is a function of the epoch, so a resumed run (Lightning restores the epoch,
+    also mid-epoch) re-enters the right stage; the callback keeps no state of its own. It talks to
+    the task only through the task's API: ``plan_stages`` (epoch counts, for learning-rate
+    schedules) and ``set_stage``.
 
     Args:
         warm_start_epochs: epochs of warm start.
@@ -35,8 +34,6 @@ class SplitSchedule(Callback):
         self.warm_start_epochs = warm_start_epochs
         self.rl_epochs = rl_epochs
         self.dense_epochs = dense_epochs
-        self.stage: str | None = None
-        self.switches: list[tuple[int, str]] = []
 
     @property
     def total_epochs(self) -> int:
@@ -52,36 +49,30 @@ class SplitSchedule(Callback):
             return "ppo"
         return "warm_start" if self.warm_start_epochs > 0 else "dense"
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        self.stage, self.switches = None, []  # a checkpoint restored after setup sets them again
-        if not hasattr(pl_module, "set_stage"):
-            raise TypeError(f"SplitSchedule drives a SplitTask, got {type(pl_module).__name__}")
-        max_epochs = trainer.max_epochs
+    def check(self, max_epochs: int | None) -> None:
+        """Refuse a schedule longer than the trainer's ``max_epochs``."""
         if max_epochs is not None and max_epochs >= 0 and self.total_epochs > max_epochs:
             raise ValueError(
                 f"dense_epochs + warm_start_epochs + rl_epochs = {self.dense_epochs} + {self.warm_start_epochs} + "
                 f"{self.rl_epochs} = {self.total_epochs} is above trainer.max_epochs={max_epochs}"
             )
 
-    def _enter(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != self.stage:
-            rank_zero_info(f"splitlab: epoch {trainer.current_epoch}: stage {self.stage or '-'} -> {stage}")
-            self.switches.append((trainer.current_epoch, stage))
-        self.stage = stage
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if not hasattr(pl_module, "set_stage"):
+            raise TypeError(f"SplitSchedule drives a SplitTask, got {type(pl_module).__name__}")
+        self.check(trainer.max_epochs)
+        pl_module.plan_stages(self.dense_epochs, self.warm_start_epochs, self.rl_epochs)
+
+    def _enter(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        stage = self.stage_at(trainer.current_epoch)
+        if stage != pl_module.stage:
+            rank_zero_info(f"splitlab: epoch {trainer.current_epoch}: stage {pl_module.stage} -> {stage}")
         pl_module.set_stage(stage)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # restored runs resume in their checkpointed stage; fresh runs start where the epoch says
-        self._enter(trainer, pl_module, self.stage or self.stage_at(trainer.current_epoch))
+        self._enter(trainer, pl_module)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._enter(trainer, pl_module, self.stage_at(trainer.current_epoch))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "switches": list(self.switches)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.stage = state_dict.get("stage")
-        self.switches = [tuple(s) for s in state_dict.get("switches", [])]
+        self._enter(trainer, pl_module)

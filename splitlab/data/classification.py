@@ -14,31 +14,6 @@ from torchvision.datasets import ImageFolder
 from splitlab.data.common import SkipCorrupt, SplitDataModule, require_dir
 
 
-class HFImageDataset(Dataset):
-    """(image, label) pairs from a `datasets.Dataset` split, transformed for the backbone."""
-
-    def __init__(self, split: Any, image_column: str, label_column: str, transform: Any, name: str) -> None:
-        missing = [c for c in (image_column, label_column) if c not in split.column_names]
-        if missing:
-            raise ValueError(
-                f"{name}: no column {missing} (columns: {split.column_names}); set image_column / label_column"
-            )
-        self.split, self.image_column, self.label_column, self.transform, self.name = (
-            split,
-            image_column,
-            label_column,
-            transform,
-            name,
-        )
-
-    def __len__(self) -> int:
-        return len(self.split)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        row = self.split[index]
-        return self.transform(row[self.image_column].convert("RGB")), int(row[self.label_column])
-
-
 class ImageClassificationData(SplitDataModule):
     """Classification data from an ImageFolder tree or a Hugging Face dataset.
 
@@ -133,31 +108,14 @@ class ImageClassificationData(SplitDataModule):
                 )
             self.classes = self.classes or list(dataset.classes)
             return SkipCorrupt(dataset, lambda i, ds=dataset: ds.samples[i][0])
-        splits = self._hf_splits()
-        if name not in splits:
-            return None
-        part = splits[name]
-        label = part.features.get(hp.label_column)
-        if not self.classes and getattr(label, "names", None):
-            self.classes = list(label.names)
-        dataset = HFImageDataset(
-            part, hp.image_column, hp.label_column, transform, f"data.hf_dataset={hp.hf_dataset!r}[{name}]"
-        )
-        return SkipCorrupt(dataset, lambda i: f"{hp.hf_dataset}[{name}][{i}]")
+        splits = self.hf_splits()
+        if name in splits and not self.classes:
+            self.classes = list(getattr(splits[name].features.get(hp.label_column), "names", None) or [])
 
-    def _hf_splits(self) -> Any:
-        if not hasattr(self, "_hf"):
-            import datasets
+        def convert(row: dict[str, Any], item: str) -> tuple[torch.Tensor, int]:
+            return transform(row[hp.image_column].convert("RGB")), int(row[hp.label_column])
 
-            hp = self.hparams
-            path = Path(hp.hf_dataset).expanduser()
-            if path.exists() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
-                self._hf = datasets.load_from_disk(str(path))
-            else:
-                self._hf = datasets.load_dataset(hp.hf_dataset, hp.hf_config)
-            if isinstance(self._hf, datasets.Dataset):
-                self._hf = datasets.DatasetDict({self.hparams.train_split: self._hf})
-        return self._hf
+        return self.hf_rows(name, (hp.image_column, hp.label_column), convert)
 
     def setup(self, stage: str) -> None:
         hp = self.hparams

@@ -1,15 +1,18 @@
-"""Pieces every splitlab DataModule shares: resumable shuffling and forgiving image loading."""
+"""Pieces every splitlab DataModule shares: resumable shuffling, forgiving image loading, Hugging
+Face splits, padding."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchvision import tv_tensors
+from torchvision.transforms import v2
 
 
 class ResumableSampler(DistributedSampler):
@@ -70,6 +73,63 @@ class SkipCorrupt(Dataset):
         raise RuntimeError(f"{self.max_skips + 1} consecutive unreadable images from {self.describe(index)}")
 
 
+class PadTo(v2.Transform):
+    """Pad bottom/right up to ``size`` x ``size``: images with 0, masks with ``mask_fill``."""
+
+    def __init__(self, size: int, mask_fill: int = 0) -> None:
+        super().__init__()
+        self.size, self.mask_fill = size, mask_fill
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        h, w = inpt.shape[-2:]
+        pad = [0, 0, max(self.size - w, 0), max(self.size - h, 0)]
+        fill = self.mask_fill if isinstance(inpt, tv_tensors.Mask) else 0
+        return v2.functional.pad(inpt, pad, fill=fill)
+
+
+def load_hf_splits(name: str, config: str | None = None, default_split: str = "train") -> Any:
+    """A Hugging Face ``DatasetDict``: from ``save_to_disk`` output when ``name`` is a local folder,
+    else ``datasets.load_dataset(name, config)`` (hub or its cache). A single split becomes
+    ``{default_split: split}``."""
+    import datasets
+
+    path = Path(name).expanduser()
+    if path.exists() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+        parts = datasets.load_from_disk(str(path))
+    else:
+        parts = datasets.load_dataset(name, config)
+    if isinstance(parts, datasets.Dataset):
+        parts = datasets.DatasetDict({default_split: parts})
+    return parts
+
+
+class HFRows(Dataset):
+    """Items made from the rows of a `datasets` split by ``convert(row, name)``, columns checked up front.
+
+    Args:
+        split: a `datasets.Dataset`.
+        columns: columns ``convert`` reads.
+        convert: ``(row, item_name) -> item`` (the name identifies the row in error messages).
+        name: the split, e.g. ``data.hf_dataset='x'[train]``.
+    """
+
+    def __init__(
+        self, split: Any, columns: Sequence[str], convert: Callable[[dict[str, Any], str], Any], name: str
+    ) -> None:
+        missing = [c for c in columns if c not in split.column_names]
+        if missing:
+            raise ValueError(
+                f"{name}: no column {missing} (columns: {split.column_names}); set image_column / label_column"
+            )
+        self.split, self.convert, self.name = split, convert, name
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.convert(self.split[index], f"{self.name}[{index}]")
+
+
 def require_dir(path: str | Path, setting: str) -> Path:
     """The directory at ``path``, or a FileNotFoundError naming the setting."""
     p = Path(path).expanduser()
@@ -85,6 +145,23 @@ class SplitDataModule(LightningDataModule):
 
     collate_fn: Callable | None = None
     test_key = "val"  # the split `test` and `predict` read
+
+    def hf_splits(self) -> Any:
+        """The ``hf_dataset`` (with ``hf_config``) as a ``DatasetDict``, loaded once per DataModule."""
+        if getattr(self, "_hf", None) is None:
+            hp = self.hparams
+            self._hf = load_hf_splits(hp.hf_dataset, hp.get("hf_config"), hp.get("train_split", "train"))
+        return self._hf
+
+    def hf_rows(
+        self, name: str, columns: Sequence[str], convert: Callable[[dict[str, Any], str], Any]
+    ) -> Dataset | None:
+        """Split ``name`` of ``hf_dataset`` as an `HFRows` dataset that skips undecodable images, or None."""
+        splits = self.hf_splits()
+        if name not in splits:
+            return None
+        rows = HFRows(splits[name], columns, convert, f"data.hf_dataset={self.hparams.hf_dataset!r}[{name}]")
+        return SkipCorrupt(rows, lambda i: f"{rows.name}[{i}]")
 
     def _loader(self, key: str, shuffle: bool) -> DataLoader:
         hp, dataset = self.hparams, self.datasets[key]

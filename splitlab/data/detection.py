@@ -14,8 +14,7 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from splitlab.data.common import SkipCorrupt, SplitDataModule, require_dir
-from splitlab.data.segmentation import _PadTo
+from splitlab.data.common import PadTo, SkipCorrupt, SplitDataModule, require_dir
 
 
 def load_coco(annotations: Path, images: Path) -> tuple[Any, list[int], dict[int, int], int]:
@@ -120,7 +119,7 @@ class _Letterbox(v2.Compose):
             v2.Resize(size=None, max_size=size, antialias=True),
             v2.ToDtype(torch.float32, scale=True),
             v2.Normalize(mean, std),
-            _PadTo(size, 0),
+            PadTo(size),
             v2.ClampBoundingBoxes(),
             v2.SanitizeBoundingBoxes(min_size=1.0),
         ]

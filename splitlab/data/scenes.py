@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from splitlab.data.shapes import _pattern
+from splitlab.data.shapes import pattern_mask
 
 STUFF = ("ground", "wall")
 THINGS = ("hstripes", "vstripes", "checks")
@@ -64,7 +64,7 @@ def render_scene(
         a, b = rng.random(3) * 0.3, 0.7 + rng.random(3) * 0.3
         if rng.random() < 0.5:
             a, b = b, a
-        pattern = _pattern(THINGS[thing], side, detail)[..., None]
+        pattern = pattern_mask(THINGS[thing], side, detail)[..., None]
         patch = np.where(pattern, b, a)
         region = img[y0 : y0 + side, x0 : x0 + side]
         img[y0 : y0 + side, x0 : x0 + side] = np.where(shape[..., None], patch, region)

@@ -20,23 +20,9 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from splitlab.data.common import SkipCorrupt, SplitDataModule, require_dir
+from splitlab.data.common import PadTo, SkipCorrupt, SplitDataModule, require_dir
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
-
-
-class _PadTo(v2.Transform):
-    """Pad bottom/right up to ``size`` x ``size``: images with 0, masks with ``ignore_index``."""
-
-    def __init__(self, size: int, ignore_index: int) -> None:
-        super().__init__()
-        self.size, self.ignore_index = size, ignore_index
-
-    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
-        h, w = inpt.shape[-2:]
-        pad = [0, 0, max(self.size - w, 0), max(self.size - h, 0)]
-        fill = self.ignore_index if isinstance(inpt, tv_tensors.Mask) else 0
-        return v2.functional.pad(inpt, pad, fill=fill)
 
 
 class SegmentationFolder(Dataset):
@@ -111,48 +97,6 @@ def encode(
     return img, mask.as_subclass(torch.Tensor).long()
 
 
-class HFSegmentation(Dataset):
-    """(image, mask) pairs from a `datasets` split with an image and an annotation column."""
-
-    def __init__(
-        self,
-        split: Any,
-        image_column: str,
-        label_column: str,
-        num_classes: int,
-        ignore_index: int,
-        transform: Any,
-        reduce_zero_label: bool,
-        name: str,
-    ) -> None:
-        missing = [c for c in (image_column, label_column) if c not in split.column_names]
-        if missing:
-            raise ValueError(f"{name}: no column {missing} (columns: {split.column_names})")
-        self.split, self.columns, self.name = split, (image_column, label_column), name
-        self.num_classes, self.ignore_index, self.transform, self.reduce_zero_label = (
-            num_classes,
-            ignore_index,
-            transform,
-            reduce_zero_label,
-        )
-
-    def __len__(self) -> int:
-        return len(self.split)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        row = self.split[index]
-        image, ann = row[self.columns[0]].convert("RGB"), np.asarray(row[self.columns[1]])
-        return encode(
-            image,
-            ann,
-            self.num_classes,
-            self.ignore_index,
-            self.reduce_zero_label,
-            self.transform,
-            f"{self.name}[{index}]",
-        )
-
-
 class ADE20KData(SplitDataModule):
     """ADE20K (or any dataset in its layout) for `SegmentationTask`.
 
@@ -163,6 +107,7 @@ class ADE20KData(SplitDataModule):
     Args:
         root: dataset root with ``images/`` and ``annotations/``.
         hf_dataset: a Hugging Face dataset name or path instead (e.g. ``scene_parse_150``).
+        hf_config: its configuration name.
         image_column, label_column: HF columns.
         train_split, val_split: split folder names (``training``/``validation``).
         num_classes: classes (150).
@@ -178,6 +123,7 @@ class ADE20KData(SplitDataModule):
         self,
         root: str | None = None,
         hf_dataset: str | None = None,
+        hf_config: str | None = None,
         image_column: str = "image",
         label_column: str = "annotation",
         train_split: str = "training",
@@ -211,7 +157,7 @@ class ADE20KData(SplitDataModule):
             return v2.Compose(
                 [
                     v2.Resize(size=None, max_size=size, antialias=True),
-                    _PadTo(size, hp.ignore_index),
+                    PadTo(size, hp.ignore_index),
                     *normalise,
                 ]
             )
@@ -236,22 +182,12 @@ class ADE20KData(SplitDataModule):
                 images, annotations, hp.num_classes, hp.ignore_index, transform, hp.reduce_zero_label
             )
             return SkipCorrupt(ds, lambda i: str(ds.pairs[i][0]))
-        import datasets
 
-        path = Path(hp.hf_dataset).expanduser()
-        parts = datasets.load_from_disk(str(path)) if path.exists() else datasets.load_dataset(hp.hf_dataset)
-        if name not in parts:
-            return None
-        return HFSegmentation(
-            parts[name],
-            hp.image_column,
-            hp.label_column,
-            hp.num_classes,
-            hp.ignore_index,
-            transform,
-            hp.reduce_zero_label,
-            f"data.hf_dataset={hp.hf_dataset!r}[{name}]",
-        )
+        def convert(row: dict[str, Any], item: str) -> tuple[torch.Tensor, torch.Tensor]:
+            image, raw = row[hp.image_column].convert("RGB"), np.asarray(row[hp.label_column])
+            return encode(image, raw, hp.num_classes, hp.ignore_index, hp.reduce_zero_label, transform, item)
+
+        return self.hf_rows(name, (hp.image_column, hp.label_column), convert)
 
     def setup(self, stage: str) -> None:
         hp = self.hparams

@@ -30,7 +30,7 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.clip(img, 0.0, 1.0)
 
 
-def _pattern(kind: str, side: int, detail: int = 2) -> np.ndarray:
+def pattern_mask(kind: str, side: int, detail: int = 2) -> np.ndarray:
     """``(side, side)`` bool mask of the pattern's foreground; features are ``detail`` px wide."""
     ys, xs = np.mgrid[0:side, 0:side] // detail
     if kind == "hstripes":
@@ -59,7 +59,7 @@ def render(
     light = 0.7 + rng.random(3) * 0.3
     if rng.random() < 0.5:
         dark, light = light, dark
-    mask = _pattern(kind, side, detail)[..., None]
+    mask = pattern_mask(kind, side, detail)[..., None]
     img[y0 : y0 + side, x0 : x0 + side] = np.where(mask, light, dark)
     return (img * 255).round().astype(np.uint8), (x0, y0, x0 + side, y0 + side)
 

@@ -1,16 +1,10 @@
-"""Policy learning for SPLIT: warm-start labels, PPO, and the token-fraction multiplier (plain PyTorch)."""
+"""Policy learning for SPLIT: PPO and the token-fraction multiplier (plain PyTorch, nothing else).
 
-from splitlab.rl.labels import embedding_difference_scores, warm_start_labels
+The policy's distribution and the warm-start labels live with the tokenizer
+(`splitlab.tokenizer.policy`, `splitlab.tokenizer.labels`); this room only optimises.
+"""
+
 from splitlab.rl.lagrange import FractionController
-from splitlab.rl.ppo import PPOConfig, advantages, bernoulli_entropy, bernoulli_log_prob, ppo_policy_loss
+from splitlab.rl.ppo import PPOConfig, advantages, ppo_policy_loss
 
-__all__ = [
-    "FractionController",
-    "PPOConfig",
-    "advantages",
-    "bernoulli_entropy",
-    "bernoulli_log_prob",
-    "embedding_difference_scores",
-    "ppo_policy_loss",
-    "warm_start_labels",
-]
+__all__ = ["FractionController", "PPOConfig", "advantages", "ppo_policy_loss"]

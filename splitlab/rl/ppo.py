@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -52,64 +51,58 @@ def advantages(
     return centred / (std + eps)
 
 
-def bernoulli_log_prob(logits: Tensor, decisions: Tensor) -> Tensor:
-    """Elementwise log-probability of bool ``decisions`` under ``sigmoid(logits)``."""
-    return torch.where(decisions, F.logsigmoid(logits), F.logsigmoid(-logits))
-
-
-def bernoulli_entropy(logits: Tensor) -> Tensor:
-    """Elementwise entropy (nats) of ``Bernoulli(sigmoid(logits))``."""
-    return F.binary_cross_entropy_with_logits(logits, torch.sigmoid(logits), reduction="none")
-
-
 def ppo_policy_loss(
-    new_logits: Sequence[Tensor],
-    old_logits: Sequence[Tensor],
-    decisions: Sequence[Tensor],
+    new_log_prob: Sequence[Tensor],
+    old_log_prob: Sequence[Tensor],
+    entropy: Sequence[Tensor],
     candidates: Sequence[Tensor],
     advantage: Tensor,
     clip: float = 0.2,
     entropy_coef: float = 0.01,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped PPO surrogate with one ratio per split decision.
+    """Clipped PPO surrogate with one ratio per decision of a factored policy.
 
     Each decision of a rollout is an action that shares its rollout's advantage. Ratios per
     decision, rather than one ratio of the product over an image's 10-100 decisions, keep the
     ratio near 1 and the clipping meaningful. Per rollout the surrogate and entropy are averaged
     over its decisions (so images with many candidates do not dominate), then over rollouts.
+    The distribution itself stays with the caller (SPLIT's is a Bernoulli per patch,
+    `splitlab.tokenizer.policy`): PPO only needs log-probabilities and entropies.
 
     Args:
-        new_logits, old_logits: per non-finest level ``(N, h, w)`` logits under the current and the
-            rollout policy.
-        decisions, candidates: per level ``(N, h, w)`` bool decisions taken and where they were taken.
+        new_log_prob: per level ``(N, h, w)`` log-probability of the decisions taken, under the
+            current policy (differentiable).
+        old_log_prob: the same under the rollout policy.
+        entropy: per level ``(N, h, w)`` entropy of the current policy (differentiable).
+        candidates: per level ``(N, h, w)`` bool: where a decision was taken.
         advantage: ``(N,)`` advantage of each rollout.
 
     Returns:
         the loss to minimise and detached statistics (surrogate, entropy, clip fraction, approx KL).
     """
     surrogate = torch.zeros_like(advantage)
-    entropy = torch.zeros_like(advantage)
+    total_entropy = torch.zeros_like(advantage)
     clipped = torch.zeros_like(advantage)
     kl = torch.zeros_like(advantage)
     count = torch.zeros_like(advantage)
     adv = advantage.view(-1, 1, 1)
-    for new, old, taken, cand in zip(new_logits, old_logits, decisions, candidates, strict=True):
+    for new, old, ent, cand in zip(new_log_prob, old_log_prob, entropy, candidates, strict=True):
         mask = cand.to(new.dtype)
-        log_ratio = bernoulli_log_prob(new.float(), taken) - bernoulli_log_prob(old.float().detach(), taken)
+        log_ratio = new - old.detach()
         ratio = log_ratio.exp()
         unclipped = ratio * adv
         bounded = ratio.clamp(1.0 - clip, 1.0 + clip) * adv
         surrogate = surrogate + (torch.minimum(unclipped, bounded) * mask).flatten(1).sum(1)
-        entropy = entropy + (bernoulli_entropy(new.float()) * mask).flatten(1).sum(1)
+        total_entropy = total_entropy + (ent * mask).flatten(1).sum(1)
         clipped = clipped + (((ratio - 1.0).abs() > clip).to(mask.dtype) * mask).flatten(1).sum(1).detach()
         kl = kl + (((ratio - 1.0) - log_ratio) * mask).flatten(1).sum(1).detach()
         count = count + mask.flatten(1).sum(1)
     count = count.clamp(min=1.0)
-    surrogate, entropy = surrogate / count, entropy / count
-    loss = -surrogate.mean() - entropy_coef * entropy.mean()
+    surrogate, mean_entropy = surrogate / count, total_entropy / count
+    loss = -surrogate.mean() - entropy_coef * mean_entropy.mean()
     stats = {
         "surrogate": surrogate.mean().detach(),
-        "entropy": entropy.mean().detach(),
+        "entropy": mean_entropy.mean().detach(),
         "clip_fraction": (clipped / count).mean(),
         "approx_kl": (kl / count).mean(),
     }

@@ -1,8 +1,18 @@
-"""LightningModules: the shared `SplitTask` and one subclass per task."""
+"""LightningModules only: the `SplitTask` template and one thin subclass per task."""
 
-from splitlab.tasks.base import STAGES, SplitTask
+from splitlab.tasks.base import SplitTask, load_task
 from splitlab.tasks.classification import ClassificationTask
+from splitlab.tasks.dense import DenseTask
 from splitlab.tasks.detection import DetectionTask
 from splitlab.tasks.segmentation import SegmentationTask
+from splitlab.tasks.training import STAGES
 
-__all__ = ["STAGES", "ClassificationTask", "DetectionTask", "SegmentationTask", "SplitTask"]
+__all__ = [
+    "STAGES",
+    "ClassificationTask",
+    "DenseTask",
+    "DetectionTask",
+    "SegmentationTask",
+    "SplitTask",
+    "load_task",
+]

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning import LightningModule
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
 from splitlab.backbone import PackedFeatures, PackedViT
+from splitlab.metrics import PolicyStats
 from splitlab.rl import FractionController, PPOConfig
-from splitlab.tasks.evaluation import PolicyEvaluation, PolicyStats
-from splitlab.tasks.training import StageTraining
+from splitlab.tasks.evaluation import PolicyEvaluation
+from splitlab.tasks.training import Stage, StageTraining
 from splitlab.tokenizer import (
     BASELINES,
     Levels,
@@ -24,14 +24,12 @@ from splitlab.tokenizer import (
     baseline_scores,
 )
 
-Stage = Literal["dense", "warm_start", "ppo"]
-STAGES = ("dense", "warm_start", "ppo")
-
 
 class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
     """A SPLIT model for one task: tokenizer + `PackedViT` + task head, trained in stages.
 
-    Stages (set by `splitlab.callbacks.SplitSchedule`):
+    Stages (entered through `set_stage`, which `splitlab.callbacks.SplitSchedule` calls; the
+    schedule also tells the task its epoch counts through `plan_stages`):
 
     - ``dense``: the backbone and head train on the uniform finest grid (pretraining a backbone
       that has no pretrained weights, e.g. in CI).
@@ -41,7 +39,8 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
       reward = -per-sample task loss - λ·token fraction, λ held by a `FractionController`.
 
     Subclasses supply the head (`configure_head`), the per-sample loss and the metrics; the
-    stage logic lives here once. Optimisation is manual (two optimizers: task and policy), as
+    stage logic lives here once. The task imports no callback: the schedule, pictures and layout
+    writer come from the recipe or the CLI's defaults (`splitlab.cli`). Optimisation is manual (two optimizers: task and policy), as
     PPO needs several updates per batch.
 
     Args:
@@ -113,8 +112,8 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
             )
         self.ppo = ppo or PPOConfig()
         self.stage: Stage = "warm_start"
+        self.stage_plan: dict[str, int] | None = None
         self.configure_models()
-        self.configure_losses()
         self.configure_metrics()
         self._generator: torch.Generator | None = None
         self._pending_generator_state: Tensor | None = None
@@ -155,9 +154,6 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
         """The task head on top of `PackedFeatures` (None when the timm model's own head is used)."""
         return None
 
-    def configure_losses(self) -> None:
-        """Loss modules; the contract is `per_sample_loss`."""
-
     def configure_metrics(self) -> None:
         """Per-policy metric collections for validation and test."""
         policies = ["learned", *self.hparams.eval_baselines]
@@ -193,8 +189,10 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
         return targets.repeat(times, *([1] * (targets.dim() - 1)))
 
     def forward_task(self, features: PackedFeatures) -> Any:
-        """Task outputs from backbone features."""
-        raise NotImplementedError
+        """Task outputs from backbone features: the head's (subclasses without a head override this)."""
+        if self.head is None:
+            raise NotImplementedError(f"{type(self).__name__} has no head: override forward_task")
+        return self.head(features)
 
     def per_sample_loss(self, outputs: Any, targets: Any) -> Tensor:
         """The task loss of each image, shape ``(B,)``: its mean trains the task, its values are PPO rewards."""
@@ -218,20 +216,26 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
         if policy == "learned":
             return self.tokenizer(images, self.backbone, mode="threshold")
         generator = torch.Generator(images.device).manual_seed(seed)
-        mean, std = self._normalisation()
+        mean, std = self.normalisation
         scores, threshold = baseline_scores(
             policy, images, self.levels, fraction=fraction, generator=generator, mean=mean, std=std
         )
         return self.tokenizer(images, self.backbone, mode="scores", scores=scores, threshold=threshold)
+
+    def forward_layout(self, layout: TokenLayout) -> Any:
+        """Task outputs of a layout: the packed backbone (with the blocks the head needs), then the head."""
+        return self.forward_task(self.backbone(layout, indices=self.backbone_indices()))
 
     def forward(
         self, images: Tensor, policy: str = "learned", fraction: float | None = None, seed: int = 0
     ) -> tuple[Any, TokenLayout]:
         """Task outputs and the layout used, for inference (``seed`` drives the random baseline)."""
         layout = self.layout(images, policy, fraction, seed)
-        return self.forward_task(self.backbone(layout, indices=self.backbone_indices())), layout
+        return self.forward_layout(layout), layout
 
-    def _normalisation(self) -> tuple[Sequence[float], Sequence[float]]:
+    @property
+    def normalisation(self) -> tuple[Sequence[float], Sequence[float]]:
+        """``(mean, std)`` the images were normalised with: the data module's, else the backbone's."""
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is not None and hasattr(dm, "mean") and hasattr(dm, "std"):
             return dm.mean, dm.std
@@ -243,34 +247,6 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
     def deployed_policy(self) -> str:
         """What inference uses: the learned policy, or the uniform grid while only dense training has run."""
         return "uniform" if self.stage == "dense" else "learned"
-
-    def set_stage(self, stage: Stage) -> None:
-        """Enter a stage: PPO freezes backbone, head and embeddings (and puts them in eval mode)."""
-        if stage not in STAGES:
-            raise ValueError(f"stage={stage!r}: expected one of {STAGES}")
-        self.stage = stage
-        if self._trainer is not None and self.trainer.optimizers:
-            policy_opt = self.trainer.optimizers[1]
-            for group in policy_opt.param_groups:
-                group["lr"] = self.hparams.policy_lr if stage == "ppo" else self.hparams.imitation_lr
-        trainable = stage != "ppo"
-        for module in self.task_modules():
-            module.requires_grad_(trainable)
-            module.train(trainable and self.training)
-
-    def task_modules(self) -> list[nn.Module]:
-        """What the task optimizer trains and PPO freezes."""
-        modules: list[nn.Module] = [self.backbone, self.tokenizer.embed]
-        if self.head is not None:
-            modules.append(self.head)
-        return modules
-
-    def train(self, mode: bool = True) -> SplitTask:
-        super().train(mode)
-        if mode and self.stage == "ppo":  # frozen parts stay deterministic: no dropout in rewards
-            for module in self.task_modules():
-                module.eval()
-        return self
 
     @property
     def generator(self) -> torch.Generator:
@@ -287,32 +263,12 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
             return value
         return self.trainer.strategy.reduce(value, reduce_op="mean")
 
-    def configure_callbacks(self) -> list[Any]:
-        """Mid-epoch resumes continue at the exact sample (`ResumePosition`); ``predict`` writes each
-        image's layout (`LayoutWriter`) and ``fit`` follows a `SplitSchedule`, unless the trainer
-        already has them."""
-        from splitlab.callbacks.cluster import ResumePosition
-        from splitlab.callbacks.predictions import LayoutWriter
-        from splitlab.callbacks.schedule import SplitSchedule
-
-        present = self.trainer.callbacks if self._trainer is not None else []
-        callbacks: list[Any] = [ResumePosition()]
-        if not any(isinstance(c, LayoutWriter) for c in present):
-            callbacks.append(LayoutWriter())
-        if not any(isinstance(c, SplitSchedule) for c in present):
-            rank_zero_info(
-                "splitlab: no SplitSchedule in trainer.callbacks: using 1 warm-start epoch, then PPO"
-            )
-            callbacks.append(SplitSchedule())
-        return callbacks
-
     # ----------------------------------------------------------------------------- checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["splitlab"] = {
             "task_class": f"{type(self).__module__}.{type(self).__qualname__}",
             "stage": self.stage,
             "generator": self.generator.get_state(),
-            "levels": list(self.levels.sizes),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

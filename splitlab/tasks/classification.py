@@ -37,20 +37,16 @@ class ClassificationTask(SplitTask):
         label_smoothing: float = 0.0,
         **kwargs: Any,
     ) -> None:
-        self._num_classes, self._global_pool = num_classes, global_pool
         super().__init__(**kwargs)
 
     def configure_head(self) -> None:
-        model = self.backbone.model
-        pool = self._global_pool or model.global_pool
+        model, hp = self.backbone.model, self.hparams
+        pool = hp.global_pool or model.global_pool
         if pool not in ("token", "avg"):
             raise ValueError(f"global_pool={pool!r}: expected 'token' or 'avg'")
-        if (
-            self._num_classes is not None and self._num_classes != model.num_classes
-        ) or pool != model.global_pool:
-            model.reset_classifier(
-                self._num_classes if self._num_classes is not None else model.num_classes, pool
-            )
+        classes = hp.num_classes if hp.num_classes is not None else model.num_classes
+        if classes != model.num_classes or pool != model.global_pool:
+            model.reset_classifier(classes, pool)
         if model.num_classes < 1:
             raise ValueError(f"backbone {self.hparams.backbone!r} has no classifier: set num_classes")
         return None

@@ -4,19 +4,54 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from splitlab.rl import advantages, ppo_policy_loss, warm_start_labels
-from splitlab.tokenizer import build_layout, fraction_of
+from splitlab.rl import advantages, ppo_policy_loss
+from splitlab.tokenizer import fraction_of, policy, warm_start_labels
+
+Stage = Literal["dense", "warm_start", "ppo"]
+STAGES = ("dense", "warm_start", "ppo")
 
 
 class StageTraining:
     """Training half of `SplitTask` (manual optimisation, exactly as Lightning's docs describe it:
     ``self.optimizers()``, ``manual_backward``, schedulers stepped by hand)."""
+
+    def plan_stages(self, dense: int, warm_start: int, ppo: int) -> None:
+        """Epochs of each stage in this fit, so learning-rate schedules span the right number of steps."""
+        self.stage_plan = {"dense": int(dense), "warm_start": int(warm_start), "ppo": int(ppo)}
+
+    def set_stage(self, stage: Stage) -> None:
+        """Enter a stage: PPO freezes backbone, head and embeddings (and puts them in eval mode)."""
+        if stage not in STAGES:
+            raise ValueError(f"stage={stage!r}: expected one of {STAGES}")
+        self.stage = stage
+        if self._trainer is not None and self.trainer.optimizers:
+            policy_opt = self.trainer.optimizers[1]
+            for group in policy_opt.param_groups:
+                group["lr"] = self.hparams.policy_lr if stage == "ppo" else self.hparams.imitation_lr
+        trainable = stage != "ppo"
+        for module in self.task_modules():
+            module.requires_grad_(trainable)
+            module.train(trainable and self.training)
+
+    def task_modules(self) -> list[nn.Module]:
+        """What the task optimizer trains and PPO freezes."""
+        modules: list[nn.Module] = [self.backbone, self.tokenizer.embed]
+        if self.head is not None:
+            modules.append(self.head)
+        return modules
+
+    def train(self, mode: bool = True) -> StageTraining:
+        super().train(mode)
+        if mode and self.stage == "ppo":  # frozen parts stay deterministic: no dropout in rewards
+            for module in self.task_modules():
+                module.eval()
+        return self
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
@@ -46,17 +81,18 @@ class StageTraining:
         return [task_opt, policy_opt], [task_sched]
 
     def _stage_steps(self, which: str) -> int:
-        """Batches the supervised stages (dense + warm start) or PPO will see in this fit."""
-        from splitlab.callbacks.schedule import SplitSchedule
+        """Batches the supervised stages (dense + warm start) or PPO will see in this fit.
 
+        The epoch counts come from `plan_stages` (the schedule callback calls it); without a plan,
+        every batch of the fit counts for both.
+        """
         trainer = self.trainer
-        sched = next((c for c in trainer.callbacks if isinstance(c, SplitSchedule)), None)
-        if sched is None or not trainer.max_epochs or trainer.max_epochs < 1:
+        plan = self.stage_plan
+        if plan is None or not trainer.max_epochs or trainer.max_epochs < 1:
             return int(trainer.estimated_stepping_batches)
         per_epoch = math.ceil(trainer.estimated_stepping_batches / trainer.max_epochs)
-        if which == "supervised":
-            return per_epoch * (sched.dense_epochs + sched.warm_start_epochs)
-        return per_epoch * (trainer.max_epochs - sched.dense_epochs - sched.warm_start_epochs)
+        supervised = plan["dense"] + plan["warm_start"]
+        return per_epoch * (supervised if which == "supervised" else trainer.max_epochs - supervised)
 
     def _policy_lr(self) -> float:
         """PPO's learning rate, annealed (cosine to 5%) over the PPO batches.
@@ -113,9 +149,8 @@ class StageTraining:
         tokens, content = self.tokenizer.embed(images, self.backbone)
         stats: dict[str, Tensor] = {}
         if self.stage == "dense":
-            layout = build_layout(
-                tokens, [torch.ones(t.shape[:3], dtype=torch.bool) for t in tokens[:-1]], self.levels
-            )
+            uniform = [t.new_ones(t.shape[:3]) for t in tokens[:-1]]
+            layout = self.tokenizer.tokenize(tokens, "scores", scores=uniform, threshold=0.0)
             imitation = None
         else:
             logits = self.tokenizer.decision_logits(tokens)
@@ -128,17 +163,12 @@ class StageTraining:
             # PPO's rollouts and the deployed threshold layouts come from this policy, so the backbone
             # learns the distribution it will be frozen on, and sampling's variety keeps it robust to
             # PPO's exploration. The labels only teach the policy (BCE).
-            with torch.no_grad():
-                decisions = [
-                    torch.bernoulli(torch.sigmoid(lg.float()), generator=self.generator).bool()
-                    for lg in logits
-                ]
-            layout = build_layout(tokens, decisions, self.levels)
+            layout = self.tokenizer.tokenize(tokens, "sample", logits=logits, generator=self.generator)
             stats["imitation"] = imitation.detach()
             stats["label_agreement"] = torch.stack(
                 [((lg > 0) == lab).float().mean() for lg, lab in zip(logits, labels, strict=True)]
             ).mean()
-        outputs = self.forward_task(self.backbone(layout, indices=self.backbone_indices()))
+        outputs = self.forward_layout(layout)
         task_loss = self.per_sample_loss(outputs, targets).mean()
         loss = task_loss if imitation is None else task_loss + self.hparams.imitation_weight * imitation
         task_opt.zero_grad()
@@ -164,26 +194,28 @@ class StageTraining:
         with torch.no_grad():
             tokens, _ = self.tokenizer.embed(images, self.backbone)
             old_logits = self.tokenizer.decision_logits(tokens)
-            rep_tokens = [t.repeat(samples, 1, 1, 1) for t in tokens]
-            rep_logits = [lg.repeat(samples, 1, 1) for lg in old_logits]
-            decisions = [
-                torch.bernoulli(torch.sigmoid(lg.float()), generator=self.generator).bool()
-                for lg in rep_logits
-            ]
-            layout = build_layout(rep_tokens, decisions, self.levels, rep_logits)
-            outputs = self.forward_task(self.backbone(layout, indices=self.backbone_indices()))
+            rollouts = self.tokenizer.tokenize(
+                [t.repeat(samples, 1, 1, 1) for t in tokens],
+                "sample",
+                logits=[lg.repeat(samples, 1, 1) for lg in old_logits],
+                generator=self.generator,
+            )
+            outputs = self.forward_layout(rollouts)
             task_loss = self.per_sample_loss(outputs, self.repeat_targets(targets, samples)).float()
             lam = self.controller.value
-            reward = -task_loss - lam * layout.fraction
+            reward = -task_loss - lam * rollouts.fraction
             advantage = advantages(reward.view(samples, -1), reduce_mean=self._mean_over_ranks).reshape(-1)
             deployed = fraction_of([lg > 0 for lg in old_logits])
+            old_log_prob = [
+                policy.log_prob(lg, d) for lg, d in zip(rollouts.logits, rollouts.decisions, strict=True)
+            ]
         for _ in range(cfg.epochs):
             new_logits = [lg.repeat(samples, 1, 1) for lg in self.tokenizer.decision_logits(tokens)]
             loss, ppo_stats = ppo_policy_loss(
-                new_logits,
-                rep_logits,
-                layout.decisions,
-                layout.candidates,
+                [policy.log_prob(lg, d) for lg, d in zip(new_logits, rollouts.decisions, strict=True)],
+                old_log_prob,
+                [policy.entropy(lg) for lg in new_logits],
+                rollouts.candidates,
                 advantage,
                 cfg.clip,
                 cfg.entropy_coef,
@@ -199,7 +231,7 @@ class StageTraining:
             "loss": loss.detach(),
             "task_loss": task_loss.mean(),
             "reward": reward.mean(),
-            "fraction": layout.fraction.mean(),
+            "fraction": rollouts.fraction.mean(),
             "deployed_fraction": deployed.mean(),
             **ppo_stats,
         }

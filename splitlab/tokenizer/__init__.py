@@ -1,5 +1,10 @@
 """SPLIT tokenizer: multi-scale patch embedding, split decisions, quadtree walk, `TokenLayout`.
 
+One API for training, evaluation, bench and predict: ``SplitTokenizer.embed`` ->
+``decide`` (``sample | threshold | labels | scores``) -> `build_layout`, or all three as
+``SplitTokenizer(images, backbone, mode=...)``. `splitlab.tokenizer.policy` holds the Bernoulli
+distribution of the decisions; `splitlab.tokenizer.labels` the warm-start labels.
+
 Plain PyTorch (and timm layers): usable from any training loop.
 """
 
@@ -14,6 +19,7 @@ from splitlab.tokenizer.baselines import (
 )
 from splitlab.tokenizer.decision import SplitDecision
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed
+from splitlab.tokenizer.labels import embedding_difference_scores, warm_start_labels
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
 from splitlab.tokenizer.quadtree import build_layout, count_tokens, fraction_of, leaf_masks
@@ -32,10 +38,12 @@ __all__ = [
     "build_layout",
     "calibrate_threshold",
     "count_tokens",
+    "embedding_difference_scores",
     "entropy_scores",
     "expected_random_fraction",
     "fraction_of",
     "leaf_masks",
     "patch_entropy",
     "random_split_rate",
+    "warm_start_labels",
 ]

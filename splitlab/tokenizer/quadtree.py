@@ -17,6 +17,7 @@ from torch import Tensor
 
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
+from splitlab.tokenizer.policy import per_image_stats
 
 
 def upsample2(mask: Tensor) -> Tensor:
@@ -58,23 +59,6 @@ def fraction_of(decisions: Sequence[Tensor]) -> Tensor:
     """Token fraction per image implied by ``decisions`` (at least one non-finest level)."""
     finest = decisions[-1].shape[-2] * 2 * decisions[-1].shape[-1] * 2
     return count_tokens(decisions).float() / finest
-
-
-def bernoulli_stats(
-    logits: Sequence[Tensor], decisions: Sequence[Tensor], candidates: Sequence[Tensor]
-) -> tuple[Tensor, Tensor]:
-    """Per-image log-probability and entropy of the decisions taken at candidate patches."""
-    log_prob = logits[0].new_zeros(logits[0].shape[0])
-    entropy = logits[0].new_zeros(logits[0].shape[0])
-    for logit, split, cand in zip(logits, decisions, candidates, strict=True):
-        logit = logit.float()
-        lp = torch.where(split, F.logsigmoid(logit), F.logsigmoid(-logit))
-        p = torch.sigmoid(logit)
-        ent = F.binary_cross_entropy_with_logits(logit, p, reduction="none")
-        cand = cand.to(logit.dtype)
-        log_prob = log_prob + (lp * cand).flatten(1).sum(1)
-        entropy = entropy + (ent * cand).flatten(1).sum(1)
-    return log_prob, entropy
 
 
 @lru_cache(maxsize=64)
@@ -153,7 +137,7 @@ def build_layout(
 
     log_prob = entropy = None
     if logits is not None:
-        log_prob, entropy = bernoulli_stats(logits, decisions, candidates)
+        log_prob, entropy = per_image_stats(logits, decisions, candidates)
     return TokenLayout(
         tokens=tokens,
         cu_seqlens=cu_seqlens,

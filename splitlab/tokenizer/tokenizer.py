@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
+from splitlab.tokenizer import policy
 from splitlab.tokenizer.decision import SplitDecision
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed, space_to_depth
 from splitlab.tokenizer.layout import TokenLayout
@@ -55,21 +56,20 @@ class SplitTokenizer(nn.Module):
         sizes = [p.shape[1] for p in parents]
         return [chunk.view(t.shape[:3]) for chunk, t in zip(logits.split(sizes, 1), tokens[:-1], strict=True)]
 
-    def forward(
+    def decide(
         self,
-        images: Tensor,
-        source: EmbeddingSource,
+        tokens: Sequence[Tensor],
         mode: Mode = "threshold",
         labels: Sequence[Tensor] | None = None,
         scores: Sequence[Tensor] | None = None,
         threshold: float = 0.5,
         generator: torch.Generator | None = None,
-    ) -> TokenLayout:
-        """Tokenize a batch.
+        logits: Sequence[Tensor] | None = None,
+    ) -> tuple[list[Tensor], list[Tensor] | None]:
+        """Split decisions for every non-finest patch: the one place that samples and thresholds.
 
         Args:
-            images: ``(B, C, H, W)``, H and W divisible by the coarsest level.
-            source: the backbone whose patch and position embeddings are used.
+            tokens: per level ``(B, h_k, w_k, D)`` embeddings from `MultiScalePatchEmbed`.
             mode: ``sample`` (Bernoulli from p(split)), ``threshold`` (split where p > ``threshold``),
                 ``labels`` (forced decisions, scored under the policy) or ``scores`` (split where an
                 external per-patch score > ``threshold``; the decision module does not run).
@@ -77,33 +77,50 @@ class SplitTokenizer(nn.Module):
             scores: per non-finest level ``(B, h, w)`` scores for ``scores`` mode.
             threshold: p(split) threshold (``threshold`` mode) or score threshold (``scores`` mode).
             generator: random source for ``sample`` mode.
+            logits: the decision module's logits when the caller already has them (PPO computes
+                them once per image and reuses them for every rollout).
+
+        Returns:
+            per-level bool decisions and the logits they came from (None in ``scores`` mode).
         """
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: expected one of {MODES}")
+        if mode == "scores":
+            return [s > threshold for s in self._check_per_level("scores", scores, tokens)], None
+        logits = self.decision_logits(tokens) if logits is None else list(logits)
+        if mode == "sample":
+            return policy.sample(logits, generator), logits
+        if mode == "threshold":
+            if not 0.0 < threshold < 1.0:
+                raise ValueError(f"threshold={threshold}: p(split) thresholds lie in (0, 1)")
+            cut = math.log(threshold / (1.0 - threshold))
+            return [lg > cut for lg in logits], logits
+        return [d.bool() for d in self._check_per_level("labels", labels, tokens)], logits
+
+    def tokenize(self, tokens: Sequence[Tensor], mode: Mode = "threshold", **kwargs: Any) -> TokenLayout:
+        """Decide (see `decide` for ``mode`` and its arguments), then walk: embeddings -> `TokenLayout`."""
+        decisions, logits = self.decide(tokens, mode, **kwargs)
+        if logits is not None:
+            logits = [lg.detach() for lg in logits]
+        return build_layout(tokens, decisions, self.levels, logits)
+
+    def forward(
+        self, images: Tensor, source: EmbeddingSource, mode: Mode = "threshold", **kwargs: Any
+    ) -> TokenLayout:
+        """Tokenize a batch: embed -> decide -> walk.
+
+        Args:
+            images: ``(B, C, H, W)``, H and W divisible by the coarsest level.
+            source: the backbone whose patch and position embeddings are used.
+            mode, **kwargs: see `decide`.
+        """
         if source.patch_size != self.levels.finest:
             raise ValueError(
                 f"levels={self.levels.sizes}: the finest level must equal the backbone's patch size "
                 f"({source.patch_size})"
             )
         tokens, _ = self.embed(images, source)
-        logits = None
-        if mode == "scores":
-            decisions = self._check_per_level("scores", scores, tokens)
-            decisions = [s > threshold for s in decisions]
-        else:
-            logits = self.decision_logits(tokens)
-            if mode == "sample":
-                decisions = [
-                    torch.bernoulli(torch.sigmoid(lg.float()), generator=generator).bool() for lg in logits
-                ]
-            elif mode == "threshold":
-                if not 0.0 < threshold < 1.0:
-                    raise ValueError(f"threshold={threshold}: p(split) thresholds lie in (0, 1)")
-                cut = math.log(threshold / (1.0 - threshold))
-                decisions = [lg > cut for lg in logits]
-            else:
-                decisions = [d.bool() for d in self._check_per_level("labels", labels, tokens)]
-        return build_layout(tokens, decisions, self.levels, logits)
+        return self.tokenize(tokens, mode, **kwargs)
 
     def _check_per_level(
         self, name: str, given: Sequence[Tensor] | None, tokens: Sequence[Tensor]

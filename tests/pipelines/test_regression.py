@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitlab.tools import run_pipeline
+from splitlab.commands.demo import run_pipeline
 
 
 def check(record: dict, seed: int, capsys: pytest.CaptureFixture) -> None:

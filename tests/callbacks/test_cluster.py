@@ -3,16 +3,12 @@ checkpoint and requeue; the requeued job resumes and ends exactly where an unint
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
-from conftest import tiny_args
 
-TESTS = Path(__file__).parent
+from tests.helpers import launch, two_rank_args
 
 
 def slurm_fit(shapes_root, workdir: Path, probe: Path, extra_callbacks: list[dict], fake_bin: Path) -> None:
@@ -22,25 +18,12 @@ def slurm_fit(shapes_root, workdir: Path, probe: Path, extra_callbacks: list[dic
             "init_args": {"warm_start_epochs": 1, "rl_epochs": 2},
         },
         {"class_path": "splitlab.callbacks.SlurmRequeue"},
-        {"class_path": "ddp_probe.RankProbe", "init_args": {"out": str(probe)}},
+        {"class_path": "tests.helpers.RankProbe", "init_args": {"out": str(probe)}},
         *extra_callbacks,
     ]
-    args = tiny_args(shapes_root, workdir / "logs", "--data.init_args.batch_size=4")
-    args += [
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=2",
-        "--trainer.num_nodes=1",
-        "--trainer.strategy=ddp",
-        "--trainer.max_epochs=3",
-        f"--trainer.default_root_dir={workdir}",
-        f"--trainer.callbacks={json.dumps(callbacks)}",
-        "--model.init_args.eval_baselines=[]",
-    ]
-    base = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    args = two_rank_args(shapes_root, workdir / "logs", callbacks, 3, f"--trainer.default_root_dir={workdir}")
+    slurm = {
         "PATH": os.pathsep.join([str(fake_bin), os.environ["PATH"]]),
-        "OMP_NUM_THREADS": "1",
         "SLURM_JOB_ID": "4242",
         "SLURM_JOB_NAME": "splitlab-test",
         "SLURM_NTASKS": "2",
@@ -49,19 +32,7 @@ def slurm_fit(shapes_root, workdir: Path, probe: Path, extra_callbacks: list[dic
         "SLURM_NODEID": "0",
         "SLURM_NODELIST": "localhost",
     }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "splitlab", "fit", *args],
-            env={**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    launch(["fit", *args], slurm, slurm_ranks=2)
 
 
 def test_sigusr1_checkpoints_requeues_and_resumes_exactly(shapes_root, tmp_path) -> None:
@@ -75,7 +46,7 @@ def test_sigusr1_checkpoints_requeues_and_resumes_exactly(shapes_root, tmp_path)
     assert not calls.exists()
 
     job = tmp_path / "job"
-    signal_in_ppo = [{"class_path": "ddp_probe.SignalAt", "init_args": {"epoch": 1, "batch": 1}}]
+    signal_in_ppo = [{"class_path": "tests.helpers.SignalAt", "init_args": {"epoch": 1, "batch": 1}}]
     slurm_fit(shapes_root, job, tmp_path / "probe_interrupted", signal_in_ppo, fake_bin)
     assert calls.read_text().split() == ["requeue", "4242"]
     assert (job / "hpc_ckpt_1.ckpt").exists()

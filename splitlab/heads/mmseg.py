@@ -1,4 +1,4 @@
-"""Import mmsegmentation on top of ``mmcv-lite``.
+"""The mmsegmentation adapter: its decode heads built from registry dicts, on top of ``mmcv-lite``.
 
 mmsegmentation 1.2.2 needs mmcv 2.1 (2.2 fails its version assertion). The full mmcv wheel is
 not on PyPI for current torch, and building it with CPU ops takes ~13 minutes and a C++20
@@ -70,9 +70,6 @@ def import_mmseg() -> Any:
     return MODELS
 
 
-def iou_metric_class() -> Any:
-    """mmseg's ``IoUMetric`` (for cross-checking splitlab's mIoU)."""
-    import_mmseg()
-    from mmseg.evaluation import IoUMetric
-
-    return IoUMetric
+def build_mmseg_head(config: dict[str, Any]) -> Any:
+    """An mmseg decode head (``nn.Module``) from its registry dict, e.g. ``{"type": "UPerHead", ...}``."""
+    return import_mmseg().build(config)

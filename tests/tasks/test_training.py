@@ -3,34 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import schedule_args, tiny_args
 
-from splitlab.callbacks import SplitSchedule
 from splitlab.cli import lightning_main
-
-
-def fit(root, log_dir, *extra: str):
-    return lightning_main(["fit", *tiny_args(root, log_dir, *extra)])
-
-
-def test_stage_of_each_epoch() -> None:
-    sched = SplitSchedule(warm_start_epochs=2, rl_epochs=3, dense_epochs=1)
-    assert [sched.stage_at(e) for e in range(7)] == [
-        "dense",
-        "warm_start",
-        "warm_start",
-        "ppo",
-        "ppo",
-        "ppo",
-        "ppo",
-    ]
-    assert SplitSchedule(0, 0, 2).stage_at(5) == "dense"
-    with pytest.raises(ValueError, match="rl_epochs=-1 must be >= 0"):
-        SplitSchedule(1, -1)
+from tests.helpers import fit, schedule_args, tiny_args
 
 
 def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
@@ -143,61 +121,3 @@ def test_unreachable_target_fraction_is_refused(shapes_root, tmp_path) -> None:
         ValueError, match=r"target_fraction=0.05 is outside the range levels=\(32, 16, 8\) can reach"
     ):
         fit(shapes_root, tmp_path, "--model.init_args.target_fraction=0.05")
-
-
-def test_missing_dataset_path(tmp_path) -> None:
-    # raised while the CLI instantiates the DataModule (jsonargparse wraps it): before any model is built
-    with pytest.raises(
-        (FileNotFoundError, ValueError), match="data.root='/no/such/dataset': no such directory"
-    ):
-        fit("/no/such/dataset", tmp_path)
-
-
-def test_empty_class_folder(shapes_root, tmp_path) -> None:
-    import shutil
-
-    root = tmp_path / "data"
-    shutil.copytree(shapes_root, root)
-    for f in (root / "val" / "dots").iterdir():
-        f.unlink()
-    with pytest.raises(ValueError, match=r"class folder\(s\) \['dots'\] in val/ hold no images"):
-        fit(root, tmp_path / "logs")
-
-
-def test_corrupt_image_is_skipped_with_a_warning(shapes_root, tmp_path) -> None:
-    import shutil
-
-    root = tmp_path / "data"
-    shutil.copytree(shapes_root, root)
-    bad = sorted((root / "train" / "checks").glob("*.png"))[0]
-    bad.write_bytes(b"not a png")
-    with pytest.warns(UserWarning, match=f"skipping corrupt image .*{bad.name}"):
-        fit(root, tmp_path / "logs", *schedule_args(1, 0))
-
-
-def test_hf_dataset_from_a_local_path(tmp_path) -> None:
-    from splitlab.data import ImageClassificationData, generate_shapes
-
-    path = generate_shapes(tmp_path / "hf", train=2, val=1, test=1, fmt="hf")
-    dm = ImageClassificationData(
-        hf_dataset=str(path), val_split="validation", img_size=64, crop_pct=1.0, num_workers=0, batch_size=4
-    )
-    dm.setup("fit")
-    images, labels = next(iter(dm.train_dataloader()))
-    assert images.shape == (4, 3, 64, 64) and dm.classes == ["hstripes", "vstripes", "checks", "dots"]
-    assert len(dm.datasets["val"]) == 4 and labels.dtype == torch.int64
-    with pytest.raises(ValueError, match="no column \\['img'\\]"):
-        ImageClassificationData(hf_dataset=str(path), image_column="img", num_workers=0).setup("fit")
-
-
-def test_shapes_generator_cli(tmp_path) -> None:
-    from splitlab.tools import run
-
-    assert (
-        run(["data", "shapes", "--out", str(tmp_path / "s"), "--train", "1", "--val", "1", "--test", "1"])
-        == 0
-    )
-    files = sorted(Path(tmp_path / "s").rglob("*.png"))
-    assert len(files) == 12
-    meta = json.loads((tmp_path / "s" / "splitlab_dataset.json").read_text())
-    assert meta["classes"] == ["hstripes", "vstripes", "checks", "dots"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
-from conftest import layout_of
 
 from splitlab.backbone import PackedViT
 from splitlab.tokenizer import Levels, SplitTokenizer
+from tests.helpers import layout_of
 
 
 def uniform_layout(tokenizer, backbone, x):

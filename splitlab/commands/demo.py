@@ -1,4 +1,5 @@
-"""splitlab's own subcommands: ``data`` (dataset generators), ``bench`` and ``demo``."""
+"""``splitlab demo``: generated data -> dense backbone -> warm start + PPO -> comparison table, through
+the LightningCLI and the CI twins of the recipes (`run_pipeline` is what the regression tests run too)."""
 
 from __future__ import annotations
 
@@ -7,36 +8,12 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from splitlab.report import format_table
+
+REPO = Path(__file__).resolve().parents[2]
 
 
-def _data_parser(sub: argparse._SubParsersAction) -> None:
-    data = sub.add_parser("data", help="write small datasets in the real formats")
-    kinds = data.add_subparsers(dest="kind", required=True)
-    shapes = kinds.add_parser(
-        "shapes", help="ImageFolder (or HF) classification set whose class lives in fine detail"
-    )
-    shapes.add_argument("--out", required=True, help="output directory")
-    shapes.add_argument("--image-size", type=int, default=64)
-    shapes.add_argument("--train", type=int, default=600, help="training images per class")
-    shapes.add_argument("--val", type=int, default=150, help="validation images per class")
-    shapes.add_argument("--test", type=int, default=150, help="test images per class")
-    shapes.add_argument("--seed", type=int, default=0)
-    shapes.add_argument("--format", choices=("imagefolder", "hf"), default="imagefolder")
-    shapes.add_argument("--detail", type=int, default=2, help="pattern feature width in pixels")
-    for name, help_ in (
-        ("ade20k", "ADE20K-layout segmentation scenes"),
-        ("coco", "COCO-format detection scenes (instances JSON)"),
-    ):
-        scenes = kinds.add_parser(name, help=help_)
-        scenes.add_argument("--out", required=True, help="output directory")
-        scenes.add_argument("--image-size", type=int, default=128)
-        scenes.add_argument("--train", type=int, default=400, help="training images")
-        scenes.add_argument("--val", type=int, default=100, help="validation images")
-        scenes.add_argument("--seed", type=int, default=0)
-
-
-def _demo_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser(
         "demo", help="the whole pipeline on generated data: data, backbone, warm start, PPO, table"
     )
@@ -44,23 +21,6 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
         "--out", default="runs/demo", help="run directory (summary.json and token maps land here)"
     )
     demo.add_argument("--seed", type=int, default=0)
-
-
-def run_data(args: argparse.Namespace) -> int:
-    from splitlab.data import generate_shapes
-
-    if args.kind == "shapes":
-        out = generate_shapes(
-            args.out, args.image_size, args.train, args.val, args.test, args.seed, args.format, args.detail
-        )
-        print(f"wrote {args.format} dataset to {out}")
-    else:
-        from splitlab.data.scenes import generate_ade20k, generate_coco
-
-        make = generate_ade20k if args.kind == "ade20k" else generate_coco
-        out = make(args.out, args.image_size, args.train, args.val, args.seed)
-        print(f"wrote {args.kind}-format dataset to {out}")
-    return 0
 
 
 # CI twins: recipe, its tiny CI config, the config of the dense (backbone) stage, the data generator.
@@ -143,32 +103,8 @@ def run_pipeline(
     return json.loads((out / "summary.json").read_text())
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    from splitlab.tasks.evaluation import format_table
-
+def main(args: argparse.Namespace) -> int:
     record = run_pipeline(args.out, args.seed)
     print("\n" + format_table(record))
     print(f"\nsummary: {Path(args.out) / 'summary.json'}   token maps: {Path(args.out) / 'token_maps'}")
     return 0
-
-
-def run(argv: Sequence[str]) -> int:
-    """Dispatch ``splitlab data|bench|demo``."""
-    parser = argparse.ArgumentParser(
-        prog="splitlab", description="splitlab tools (fit/validate/test/predict: LightningCLI)"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    _data_parser(sub)
-    _demo_parser(sub)
-    from splitlab import bench
-
-    bench.add_parser(sub)
-    args = parser.parse_args(list(argv))
-    if args.command == "bench":
-        return bench.main(args)
-    if args.command == "data":
-        return run_data(args)
-    if args.command == "demo":
-        return run_demo(args)
-    parser.error(f"unknown command {args.command}")
-    return 2

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from splitlab.cli import lightning_main
-from splitlab.tools import ci_recipe, run_pipeline
+from splitlab.commands.demo import ci_recipe, run_pipeline
 
 
 @pytest.fixture(scope="module")

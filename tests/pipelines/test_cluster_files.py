@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 SCRIPTS = sorted((REPO / "configs" / "slurm").glob("*.sbatch"))
 BIN = Path(sys.executable).parent
 

@@ -1,4 +1,4 @@
-"""Warm-start split labels from parent-child embedding differences."""
+"""Warm-start split labels from parent-child embedding differences (what the decision module imitates first)."""
 
 from __future__ import annotations
 

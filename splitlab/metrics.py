@@ -1,13 +1,22 @@
-"""Metrics splitlab adds to torchmetrics: where the fine tokens go."""
+"""Metrics splitlab adds to torchmetrics: where the fine tokens go, and per-policy statistics.
+
+`FineCoverage` measures allocation (the paper's object / boundary coverage); `PolicyStats` wraps a
+task's metrics with the token fraction and throughput of one layout policy, as the comparison
+table reports them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-from torchmetrics import Metric
+from torch import Tensor, nn
+from torchmetrics import MeanMetric, Metric, MetricCollection, SumMetric
 
 from splitlab.tokenizer import TokenLayout
 
@@ -82,3 +91,61 @@ class FineCoverage(Metric):
             "object_fine_coverage": self.object_fine / self.object_total.clamp(min=1),
             "boundary_fine_coverage": self.boundary_fine / self.boundary_total.clamp(min=1),
         }
+
+
+class PolicyStats(nn.Module):
+    """Task metrics, token-fraction mean/std and throughput of one layout policy over an epoch."""
+
+    def __init__(self, metrics: MetricCollection | Metric) -> None:
+        super().__init__()
+        self.metrics = metrics
+        self.fraction = MeanMetric()
+        self.fraction_sq = MeanMetric()
+        self.images = SumMetric()
+        self.seconds = SumMetric()
+
+    def update_layout(self, fraction: Tensor, seconds: float) -> None:
+        fraction = fraction.detach().float()
+        self.fraction.update(fraction)
+        self.fraction_sq.update(fraction.square())
+        self.images.update(torch.tensor(float(fraction.numel())))
+        self.seconds.update(torch.tensor(seconds))
+
+    def compute(self) -> dict[str, float]:
+        mean = float(self.fraction.compute())
+        var = max(float(self.fraction_sq.compute()) - mean * mean, 0.0)
+        seconds = float(self.seconds.compute())
+        values = {k: float(v) for k, v in _flatten(self.metrics.compute()).items()}
+        values.update(
+            token_fraction_mean=mean,
+            token_fraction_std=math.sqrt(var),
+            images_per_second=float(self.images.compute()) / seconds if seconds > 0 else float("nan"),
+        )
+        return values
+
+    def reset(self) -> None:
+        for m in (self.metrics, self.fraction, self.fraction_sq, self.images, self.seconds):
+            m.reset()
+
+
+def _flatten(values: dict[str, Any] | Tensor) -> dict[str, Tensor]:
+    if isinstance(values, Tensor):
+        return {"value": values}
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, Tensor) and v.numel() == 1:
+            out[k] = v
+    return out
+
+
+@contextmanager
+def timed(device: torch.device) -> Iterator[Callable[[], float]]:
+    """Wall time of a block, synchronising CUDA so asynchronous kernels are counted."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    elapsed = [0.0]
+    yield lambda: elapsed[0]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed[0] = time.perf_counter() - start

@@ -1,0 +1,37 @@
+"""``splitlab``: the LightningCLI subcommands (fit, validate, test, predict) plus splitlab's own tools.
+
+``splitlab data | demo | bench`` are argparse commands in this room; everything else goes to
+`splitlab.cli` (the same LightningCLI as the ``lightning`` command). Nothing imports back here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from splitlab.commands import bench, data, demo
+
+TOOLS = {"data": data, "demo": demo, "bench": bench}
+
+
+def run(argv: Sequence[str]) -> int:
+    """Dispatch ``splitlab data|demo|bench ...`` and return the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="splitlab", description="splitlab tools (fit/validate/test/predict: the LightningCLI)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in TOOLS.values():
+        module.add_parser(sub)
+    args = parser.parse_args(list(argv))
+    return TOOLS[args.command].main(args)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``splitlab {fit,validate,test,predict,data,demo,bench} ...``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in TOOLS:
+        sys.exit(run(argv))
+    from splitlab.cli import main as lightning_main
+
+    lightning_main(argv)

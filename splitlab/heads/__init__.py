@@ -1,0 +1,28 @@
+"""Task heads on `PackedViT` features (plain PyTorch, usable from any training loop).
+
+The feature pyramid that dense heads share, torchvision's detection heads, the mmsegmentation
+decode-head adapter. The LightningModules in `splitlab.tasks` wire a head to its loss and metrics.
+"""
+
+from splitlab.heads.detection import DETECTORS, DetectionHead, reference_proposals
+from splitlab.heads.pyramid import (
+    SimpleFeaturePyramid,
+    check_pyramid_grid,
+    default_pyramid_indices,
+    pyramid_grids,
+    pyramid_scales,
+)
+from splitlab.heads.segmentation import SegmentationHead, pixel_cross_entropy
+
+__all__ = [
+    "DETECTORS",
+    "DetectionHead",
+    "SegmentationHead",
+    "SimpleFeaturePyramid",
+    "check_pyramid_grid",
+    "default_pyramid_indices",
+    "pixel_cross_entropy",
+    "pyramid_grids",
+    "pyramid_scales",
+    "reference_proposals",
+]

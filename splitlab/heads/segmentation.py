@@ -1,0 +1,99 @@
+"""Segmentation head on packed ViT features: simple feature pyramid + mmsegmentation decode heads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from splitlab.backbone import PackedFeatures
+from splitlab.heads.mmseg import build_mmseg_head
+from splitlab.heads.pyramid import SimpleFeaturePyramid
+
+UPERNET = {
+    "type": "UPerHead",
+    "pool_scales": (1, 2, 3, 6),
+    "channels": 512,
+    "dropout_ratio": 0.1,
+    "norm_cfg": {"type": "BN", "requires_grad": True},
+    "align_corners": False,
+}
+FCN_AUX = {
+    "type": "FCNHead",
+    "in_index": 2,
+    "channels": 256,
+    "num_convs": 1,
+    "concat_input": False,
+    "dropout_ratio": 0.1,
+    "norm_cfg": {"type": "BN", "requires_grad": True},
+    "align_corners": False,
+}
+
+
+def pixel_cross_entropy(logits: Tensor, masks: Tensor, ignore_index: int) -> Tensor:
+    """Mean pixel cross-entropy per image, ``(B,)``, logits upsampled to the mask size."""
+    up = F.interpolate(logits.float(), size=masks.shape[-2:], mode="bilinear", align_corners=False)
+    ce = F.cross_entropy(up, masks, ignore_index=ignore_index, reduction="none")
+    valid = (masks != ignore_index).to(ce.dtype)
+    return (ce * valid).flatten(1).sum(1) / valid.flatten(1).sum(1).clamp(min=1.0)
+
+
+class SegmentationHead(nn.Module):
+    """Feature pyramid + an mmseg decode head (UPerHead by default) and an optional auxiliary head.
+
+    Any mmseg decode head can be named by its registry dict (``decode_head: {type: ...}``); its
+    ``in_channels``, ``in_index`` and ``num_classes`` are filled in.
+
+    Args:
+        pyramid: the feature pyramid (`SimpleFeaturePyramid.for_backbone`).
+        num_classes: classes.
+        decode_head: mmseg head config overriding UPerHead's defaults.
+        auxiliary_head: mmseg head config for an auxiliary head (``{}`` for an FCN head on level 2),
+            or None for none.
+    """
+
+    def __init__(
+        self,
+        pyramid: SimpleFeaturePyramid,
+        num_classes: int,
+        decode_head: dict[str, Any] | None = None,
+        auxiliary_head: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.pyramid = pyramid
+        channels, levels = pyramid.out_channels, len(pyramid.scales)
+        decode = {**UPERNET, **(decode_head or {})}
+        decode.update(in_channels=[channels] * levels, in_index=list(range(levels)), num_classes=num_classes)
+        self.decode = build_mmseg_head(decode)
+        if auxiliary_head is not None:
+            aux = {**FCN_AUX, **auxiliary_head}
+            aux.update(in_channels=channels, num_classes=num_classes)
+            self.aux = build_mmseg_head(aux)
+        else:
+            self.aux = None
+
+    def forward(self, features: PackedFeatures) -> dict[str, Tensor]:
+        """``logits`` at stride 4 (and ``aux`` logits while training)."""
+        inputs = list(self.pyramid.forward_packed(features).values())
+        out = {"logits": self.decode(inputs)}
+        if self.aux is not None and self.training:
+            out["aux"] = self.aux(inputs)
+        return out
+
+    def per_image_loss(
+        self, outputs: dict[str, Tensor], masks: Tensor, ignore_index: int, aux_weight: float
+    ) -> Tensor:
+        """Each image's mean pixel cross-entropy (plus ``aux_weight`` times the auxiliary head's), ``(B,)``."""
+        loss = pixel_cross_entropy(outputs["logits"], masks, ignore_index)
+        if "aux" in outputs:
+            loss = loss + aux_weight * pixel_cross_entropy(outputs["aux"], masks, ignore_index)
+        return loss
+
+    @staticmethod
+    def predict_masks(outputs: dict[str, Tensor], size: Sequence[int]) -> Tensor:
+        """``(B, H, W)`` class predictions at ``size``."""
+        return F.interpolate(
+            outputs["logits"].float(), size=tuple(size), mode="bilinear", align_corners=False
+        ).argmax(1)

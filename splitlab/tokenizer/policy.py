@@ -1,0 +1,45 @@
+"""The split policy's distribution: one independent Bernoulli per candidate patch.
+
+The one place that samples decisions from split logits and scores them (log-probability,
+entropy): the tokenizer's ``sample`` mode, the warm start, PPO's rollouts and its surrogate all
+call these, so the policy they train is the policy that is deployed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def sample(logits: Sequence[Tensor], generator: torch.Generator | None = None) -> list[Tensor]:
+    """Bool split decisions drawn from ``sigmoid(logits)``, level by level, from ``generator``."""
+    with torch.no_grad():
+        return [torch.bernoulli(torch.sigmoid(lg.float()), generator=generator).bool() for lg in logits]
+
+
+def log_prob(logits: Tensor, decisions: Tensor) -> Tensor:
+    """Elementwise log-probability of bool ``decisions`` under ``sigmoid(logits)``."""
+    logits = logits.float()
+    return torch.where(decisions, F.logsigmoid(logits), F.logsigmoid(-logits))
+
+
+def entropy(logits: Tensor) -> Tensor:
+    """Elementwise entropy (nats) of ``Bernoulli(sigmoid(logits))``."""
+    logits = logits.float()
+    return F.binary_cross_entropy_with_logits(logits, torch.sigmoid(logits), reduction="none")
+
+
+def per_image_stats(
+    logits: Sequence[Tensor], decisions: Sequence[Tensor], candidates: Sequence[Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Per-image log-probability and entropy of the decisions taken at candidate patches."""
+    total_lp = logits[0].new_zeros(logits[0].shape[0], dtype=torch.float32)
+    total_ent = torch.zeros_like(total_lp)
+    for logit, split, cand in zip(logits, decisions, candidates, strict=True):
+        mask = cand.float()
+        total_lp = total_lp + (log_prob(logit, split) * mask).flatten(1).sum(1)
+        total_ent = total_ent + (entropy(logit) * mask).flatten(1).sum(1)
+    return total_lp, total_ent

@@ -1,0 +1,53 @@
+"""`ImageClassificationData`: ImageFolder and Hugging Face sources, and what it refuses or skips."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers import fit, schedule_args
+
+
+def test_missing_dataset_path(tmp_path) -> None:
+    # raised while the CLI instantiates the DataModule (jsonargparse wraps it): before any model is built
+    with pytest.raises(
+        (FileNotFoundError, ValueError), match="data.root='/no/such/dataset': no such directory"
+    ):
+        fit("/no/such/dataset", tmp_path)
+
+
+def test_empty_class_folder(shapes_root, tmp_path) -> None:
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    for f in (root / "val" / "dots").iterdir():
+        f.unlink()
+    with pytest.raises(ValueError, match=r"class folder\(s\) \['dots'\] in val/ hold no images"):
+        fit(root, tmp_path / "logs")
+
+
+def test_corrupt_image_is_skipped_with_a_warning(shapes_root, tmp_path) -> None:
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    bad = sorted((root / "train" / "checks").glob("*.png"))[0]
+    bad.write_bytes(b"not a png")
+    with pytest.warns(UserWarning, match=f"skipping corrupt image .*{bad.name}"):
+        fit(root, tmp_path / "logs", *schedule_args(1, 0))
+
+
+def test_hf_dataset_from_a_local_path(tmp_path) -> None:
+    from splitlab.data import ImageClassificationData, generate_shapes
+
+    path = generate_shapes(tmp_path / "hf", train=2, val=1, test=1, fmt="hf")
+    dm = ImageClassificationData(
+        hf_dataset=str(path), val_split="validation", img_size=64, crop_pct=1.0, num_workers=0, batch_size=4
+    )
+    dm.setup("fit")
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.shape == (4, 3, 64, 64) and dm.classes == ["hstripes", "vstripes", "checks", "dots"]
+    assert len(dm.datasets["val"]) == 4 and labels.dtype == torch.int64
+    with pytest.raises(ValueError, match="no column \\['img'\\]"):
+        ImageClassificationData(hf_dataset=str(path), image_column="img", num_workers=0).setup("fit")

