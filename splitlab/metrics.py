@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import MeanMetric, Metric, MetricCollection, SumMetric
+from torchmetrics import MaxMetric, MeanMetric, Metric, MetricCollection, SumMetric
 
 from splitlab.tokenizer import TokenLayout
 
@@ -94,13 +94,14 @@ class FineCoverage(Metric):
 
 
 class PolicyStats(nn.Module):
-    """Task metrics, token-fraction mean/std and throughput of one layout policy over an epoch."""
+    """Task metrics, token-fraction mean/std/max and throughput of one layout policy over an epoch."""
 
     def __init__(self, metrics: MetricCollection | Metric) -> None:
         super().__init__()
         self.metrics = metrics
         self.fraction = MeanMetric()
         self.fraction_sq = MeanMetric()
+        self.fraction_max = MaxMetric()
         self.images = SumMetric()
         self.seconds = SumMetric()
 
@@ -108,6 +109,7 @@ class PolicyStats(nn.Module):
         fraction = fraction.detach().float()
         self.fraction.update(fraction)
         self.fraction_sq.update(fraction.square())
+        self.fraction_max.update(fraction.max())
         self.images.update(torch.tensor(float(fraction.numel())))
         self.seconds.update(torch.tensor(seconds))
 
@@ -119,12 +121,20 @@ class PolicyStats(nn.Module):
         values.update(
             token_fraction_mean=mean,
             token_fraction_std=math.sqrt(var),
+            token_fraction_max=float(self.fraction_max.compute()),
             images_per_second=float(self.images.compute()) / seconds if seconds > 0 else float("nan"),
         )
         return values
 
     def reset(self) -> None:
-        for m in (self.metrics, self.fraction, self.fraction_sq, self.images, self.seconds):
+        for m in (
+            self.metrics,
+            self.fraction,
+            self.fraction_sq,
+            self.fraction_max,
+            self.images,
+            self.seconds,
+        ):
             m.reset()
 
 

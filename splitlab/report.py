@@ -1,4 +1,5 @@
-"""The run's report: `summary.json` (one row per evaluated layout policy) and the comparison table."""
+"""The run's report: `summary.json` (one row per evaluated layout policy), the comparison table, and
+the accuracy-tokens trade-off curve (`curve.json`, `curve.png`)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def write_summary(record: dict[str, Any], directory: str | Path) -> Path:
 def format_table(record: dict[str, Any]) -> str:
     """The comparison as a fixed-width text table."""
     metric = record["metric"]
-    header = f"{'policy':<10} {metric:>10} {'fraction':>10} {'± std':>8} {'img/s':>10}"
+    header = f"{'policy':<14} {metric:>10} {'fraction':>10} {'± std':>8} {'img/s':>10}"
     lines = [
         f"{record['task']} ({record['stage']}): target fraction {record['target_fraction']:.2f}, lambda {record['lambda']:.4f}",
         header,
@@ -62,7 +63,58 @@ def format_table(record: dict[str, Any]) -> str:
         value = row["metric"]
         shown = "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
         lines.append(
-            f"{name:<10} {shown:>10} {row['token_fraction_mean']:>10.3f} {row['token_fraction_std']:>8.3f} "
+            f"{name:<14} {shown:>10} {row['token_fraction_mean']:>10.3f} {row['token_fraction_std']:>8.3f} "
             f"{row['images_per_second']:>10.1f}"
         )
     return "\n".join(lines)
+
+
+CURVE_POLICIES = ("learned", "random", "entropy", "uniform")
+CURVE_KEYS = ("metric", "token_fraction_mean", "token_fraction_max", "images_per_second")
+
+
+def budget_row(name: str, budget: float, first: float) -> str:
+    """The summary row of policy ``name`` evaluated at ``budget`` (the first budget has no suffix)."""
+    return name if name == "uniform" or budget == first else f"{name}@{budget:g}"
+
+
+def curve_record(summary: dict[str, Any], budgets: list[float]) -> dict[str, Any]:
+    """`curve.json` from a summary evaluated at ``budgets`` (``target_fraction`` first, then ``eval_budgets``)."""
+    points = []
+    for budget in budgets:
+        policies = {}
+        for name in CURVE_POLICIES:
+            row = summary["policies"].get(budget_row(name, budget, budgets[0]))
+            if row is not None:
+                policies[name] = {k: row.get(k) for k in CURVE_KEYS}
+        points.append({"target": budget, "policies": policies})
+    return {"task": summary["task"], "metric": summary["metric"], "points": points}
+
+
+def plot_curve(record: dict[str, Any], path: str | Path) -> Path:
+    """Metric and images/s against the realised token fraction, one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (quality, speed) = plt.subplots(1, 2, figsize=(10, 4))
+    for name in CURVE_POLICIES:
+        rows = [p["policies"][name] for p in record["points"] if name in p["policies"]]
+        if not rows:
+            continue
+        x = [r["token_fraction_mean"] for r in rows]
+        style = {"marker": "o", "linestyle": "none" if name == "uniform" else "-", "label": name}
+        quality.plot(x, [r["metric"] for r in rows], **style)
+        speed.plot(x, [r["images_per_second"] for r in rows], **style)
+    quality.set(xlabel="realised token fraction", ylabel=record["metric"], title=record["task"])
+    speed.set(xlabel="realised token fraction", ylabel="images / s", title="throughput")
+    for ax in (quality, speed):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_args(root, log_dir, *extra: str) -> list[str]:
-    """CLI arguments of the CI classification twin, shrunk further for unit tests."""
+    """CLI arguments of the CI classification twin (a budget-conditioned policy for 0.3-0.7 deployed at
+    0.5), shrunk further for unit tests and evaluated at its target only."""
     return [
         *ci_recipe(),
         f"--data.init_args.root={root}",
@@ -38,6 +39,7 @@ def tiny_args(root, log_dir, *extra: str) -> list[str]:
         "--model.init_args.decision_heads=2",
         "--model.init_args.ppo.samples=2",
         "--model.init_args.ppo.epochs=2",
+        "--model.init_args.eval_budgets=[]",
         *extra,
     ]
 
@@ -117,7 +119,8 @@ def launch(args: Sequence[str], env: dict[str, str] | None = None, slurm_ranks: 
 
 
 class RankProbe(Callback):
-    """Each rank writes its final stage, λ, policy weights and how many batches it ran to ``out/rank<r>.pt``."""
+    """Each rank writes its final stage, λ and cut of every budget point, policy weights and how many
+    batches it ran to ``out/rank<r>.pt``."""
 
     def __init__(self, out: str) -> None:
         self.out = out
@@ -129,11 +132,12 @@ class RankProbe(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         state = {
             "stage": pl_module.stage,
-            "lambda": pl_module.controller.value,
+            "lambda": pl_module.controller.values.tolist(),
+            "cuts": pl_module.tokenizer.operating_points.cuts.tolist(),
             "decision": {k: v.detach().cpu() for k, v in pl_module.tokenizer.decision.state_dict().items()},
             "backbone_head": pl_module.backbone.model.head.weight.detach().cpu(),
             "world_size": trainer.world_size,
-            "steps": int(pl_module.controller.steps),
+            "steps": pl_module.controller.total_steps,
             "batches_run_here": self.batches,
         }
         os.makedirs(self.out, exist_ok=True)

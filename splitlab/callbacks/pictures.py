@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
 from PIL import Image, ImageDraw
 from torch import Tensor
 
@@ -52,7 +53,9 @@ class TokenMapPictures(Callback):
     """Each validation, draw the learned layout over the first images and save a PNG.
 
     Files go to ``<log_dir>/token_maps/epoch_XXX.png`` (and to the logger when it takes images,
-    e.g. TensorBoard).
+    e.g. TensorBoard). A budget-conditioned policy also gets ``budgets_epoch_XXX.png``: the first
+    image at the lowest, deployed and highest budget, so one sees where the extra tokens go. A
+    picture that cannot be written is a warning, not the end of the run.
 
     Args:
         num_images: images per picture.
@@ -83,11 +86,38 @@ class TokenMapPictures(Callback):
         if not trainer.is_global_zero:
             return
         mean, std = pl_module.normalisation
-        picture = draw_token_map(outputs["images"], outputs["layout"], mean, std, self.num_images, self.scale)
-        path = Path(log_dir) / "token_maps" / f"epoch_{trainer.current_epoch:03d}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        picture.save(path)
-        for logger in trainer.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "add_image"):
-                experiment.add_image("token_map", np.asarray(picture), trainer.global_step, dataformats="HWC")
+        images = outputs["images"]
+        pictures = {
+            "token_map": draw_token_map(images, outputs["layout"], mean, std, self.num_images, self.scale)
+        }
+        if getattr(pl_module.tokenizer, "budget_conditioned", False):
+            pictures["budget_strip"] = self.budget_strip(pl_module, images[:1], mean, std)
+        folder = Path(log_dir) / "token_maps"
+        for name, picture in pictures.items():
+            stem = "epoch" if name == "token_map" else "budgets_epoch"
+            path = folder / f"{stem}_{trainer.current_epoch:03d}.png"
+            try:  # an optional output: a picture that cannot be written must not stop training
+                path.parent.mkdir(parents=True, exist_ok=True)
+                picture.save(path)
+            except OSError as err:
+                rank_zero_warn(f"token map not written ({err}); training goes on")
+            for logger in trainer.loggers:
+                experiment = getattr(logger, "experiment", None)
+                if hasattr(experiment, "add_image"):
+                    experiment.add_image(name, np.asarray(picture), trainer.global_step, dataformats="HWC")
+
+    def budget_strip(
+        self, pl_module: LightningModule, image: Tensor, mean: Sequence[float], std: Sequence[float]
+    ) -> Image.Image:
+        """One image at the lowest, deployed and highest budget of a budget-conditioned policy."""
+        lo, hi = pl_module.tokenizer.operating_points.range
+        budgets = torch.tensor([lo, pl_module.target_fraction, hi], device=image.device)
+        images = image.expand(3, -1, -1, -1)
+        with torch.no_grad():
+            layout = pl_module.tokenizer(images, pl_module.backbone, "threshold", budget=budgets)
+        picture = draw_token_map(images, layout, mean, std, 3, max(self.scale, 2))
+        draw = ImageDraw.Draw(picture)
+        tile = picture.width // 3
+        for i, (budget, fraction) in enumerate(zip(budgets.tolist(), layout.fraction.tolist(), strict=True)):
+            draw.text((i * tile + 3, 2), f"budget {budget:.2f}: {fraction:.2f}", fill=(255, 255, 255))
+        return picture

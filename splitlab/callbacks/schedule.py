@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -15,7 +18,8 @@ class SplitSchedule(Callback):
     1 + 1). The stage is a function of the epoch, so a resumed run (Lightning restores the epoch,
     also mid-epoch) re-enters the right stage; the callback keeps no state of its own. It talks to
     the task only through the task's API: ``plan_stages`` (epoch counts, for learning-rate
-    schedules) and ``set_stage``.
+    schedules) and ``set_stage``. Each epoch's training time (validation excluded) is logged as
+    ``time/<stage>_epoch_seconds``.
 
     Args:
         warm_start_epochs: epochs of warm start.
@@ -76,3 +80,13 @@ class SplitSchedule(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._enter(trainer, pl_module)
+        self._started = self._last = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self._last = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Log the epoch's training time (validation excluded) under its stage: what a stage costs."""
+        started = getattr(self, "_started", None)
+        if started is not None:
+            pl_module.log(f"time/{pl_module.stage}_epoch_seconds", self._last - started, on_epoch=True)

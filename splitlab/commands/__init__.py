@@ -1,6 +1,6 @@
 """``splitlab``: the LightningCLI subcommands (fit, validate, test, predict) plus splitlab's own tools.
 
-``splitlab data | demo | bench`` are argparse commands in this room; everything else goes to
+``splitlab data | demo | bench | curve`` are argparse commands in this room; everything else goes to
 `splitlab.cli` (the same LightningCLI as the ``lightning`` command). Nothing imports back here.
 """
 
@@ -10,9 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from splitlab.commands import bench, data, demo
+from splitlab.cli import main as lightning_main
+from splitlab.cli import reporting_errors
+from splitlab.commands import bench, curve, data, demo
 
-TOOLS = {"data": data, "demo": demo, "bench": bench}
+TOOLS = {"data": data, "demo": demo, "bench": bench, "curve": curve}
+OVERRIDABLE = {"curve"}  # tools that pass further --data.* / --model.* / --trainer.* arguments on
 
 
 def run(argv: Sequence[str]) -> int:
@@ -23,15 +26,17 @@ def run(argv: Sequence[str]) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for module in TOOLS.values():
         module.add_parser(sub)
-    args = parser.parse_args(list(argv))
+    args, extra = parser.parse_known_args(list(argv))
+    if args.command in OVERRIDABLE:
+        return TOOLS[args.command].main(args, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return TOOLS[args.command].main(args)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``splitlab {fit,validate,test,predict,data,demo,bench} ...``."""
+    """``splitlab {fit,validate,test,predict,data,demo,bench,curve} ...``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in TOOLS:
-        sys.exit(run(argv))
-    from splitlab.cli import main as lightning_main
-
+        sys.exit(reporting_errors(lambda: run(argv)))
     lightning_main(argv)

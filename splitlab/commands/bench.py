@@ -71,49 +71,61 @@ def _load_images(path: str, count: int, size: int, mean: Sequence[float], std: S
     return torch.stack(batch)
 
 
-def build(cfg: BenchConfig, device: torch.device) -> tuple[PackedViT, SplitTokenizer]:
-    """Backbone and tokenizer: from a SPLIT checkpoint, or fresh (random init) around a timm model."""
+@dataclass
+class SplitPath:
+    """The deployed SPLIT path: the tokenizer at its budget (and hard cap), the packed backbone, the head."""
+
+    tokenizer: SplitTokenizer
+    backbone: PackedViT
+    budget: float | None = None
+    max_tokens: int | None = None
+
+    def layout(self, images: Tensor) -> Any:
+        return self.tokenizer(
+            images, self.backbone, "threshold", budget=self.budget, max_tokens=self.max_tokens
+        )
+
+    def __call__(self, images: Tensor) -> Tensor:
+        return self.backbone.forward_head(self.backbone(self.layout(images)))
+
+
+def build(cfg: BenchConfig, device: torch.device) -> SplitPath:
+    """The SPLIT path: from a SPLIT checkpoint (its budget and cap), or fresh (random init) around a timm model."""
     if cfg.ckpt:
-        from splitlab.tasks.base import load_task
+        from splitlab.tasks import load_task
 
         task = load_task(cfg.ckpt, map_location="cpu")
-        backbone, tokenizer = task.backbone, task.tokenizer
-        backbone.attn_backend = cfg.attn_backend
-        return backbone.to(device).eval(), tokenizer.to(device).eval()
-    kwargs = {"img_size": cfg.img_size} if cfg.img_size else {}
-    backbone = PackedViT(cfg.model, attn_backend=cfg.attn_backend, **kwargs)
-    levels = (
-        Levels.build(cfg.levels, backbone.patch_size)
-        if cfg.levels
-        else Levels.default(backbone.patch_size, backbone.img_size)
-    )
-    levels.check_image(backbone.img_size)
-    tokenizer = SplitTokenizer(backbone.embed_dim, levels)
-    return backbone.to(device).eval(), tokenizer.to(device).eval()
+        task.backbone.attn_backend = cfg.attn_backend
+        path = SplitPath(task.tokenizer, task.backbone, task.target_fraction, task.max_tokens)
+    else:
+        kwargs = {"img_size": cfg.img_size} if cfg.img_size else {}
+        backbone = PackedViT(cfg.model, attn_backend=cfg.attn_backend, **kwargs)
+        levels = (
+            Levels.build(cfg.levels, backbone.patch_size)
+            if cfg.levels
+            else Levels.default(backbone.patch_size, backbone.img_size)
+        )
+        levels.check_image(backbone.img_size)
+        path = SplitPath(SplitTokenizer(backbone.embed_dim, levels), backbone)
+    path.backbone.to(device).eval()
+    path.tokenizer.to(device).eval()
+    return path
 
 
 @torch.inference_mode()
-def calibrate_policy(
-    tokenizer: SplitTokenizer, backbone: PackedViT, images: Tensor, fraction: float
-) -> float:
-    """Shift the decision module's output bias so that threshold mode meets ``fraction`` on ``images``.
+def calibrate_policy(path: SplitPath, images: Tensor, fraction: float) -> float:
+    """Set the policy's cut so that deployment (threshold mode) meets ``fraction`` on ``images``.
 
-    The split path then runs exactly as in deployment (p > 0.5), at a known token count.
+    The cut replaces every operating point of the loaded policy for this measurement, so the
+    split path runs exactly as deployed, at a known token count. Returns the logit cut.
     """
+    tokenizer = path.tokenizer
     tokenizer.levels.check_fraction(fraction, "--fraction")
-    tokens, _ = tokenizer.embed(images, backbone)
-    logits = tokenizer.decision_logits(tokens)
-    shift = calibrate_threshold(logits, fraction)
-    tokenizer.decision.mlp.fc2.bias -= shift
-    return shift
-
-
-def _split_forward(tokenizer: SplitTokenizer, backbone: PackedViT) -> Callable[[Tensor], Any]:
-    def run(images: Tensor) -> Tensor:
-        layout = tokenizer(images, backbone, mode="threshold")
-        return backbone.forward_head(backbone(layout))
-
-    return run
+    tokens, _ = tokenizer.embed(images, path.backbone)
+    cut = calibrate_threshold(tokenizer.decision_logits(tokens, path.budget), fraction)
+    for point in range(len(tokenizer.operating_points.budgets)):
+        tokenizer.operating_points.set(point, cut)
+    return cut
 
 
 def _timed(fn: Callable[[], Any], device: torch.device) -> float:
@@ -134,21 +146,22 @@ def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
 
 
 @torch.inference_mode()
-def breakdown(
-    tokenizer: SplitTokenizer, backbone: PackedViT, images: Tensor, iters: int, device: torch.device
-) -> dict[str, float]:
+def breakdown(path: SplitPath, images: Tensor, iters: int, device: torch.device) -> dict[str, float]:
     """Seconds per batch in embed / decide / walk / backbone (instrumented pass, syncs between parts)."""
     parts = dict.fromkeys(("embed", "decide", "walk", "backbone"), 0.0)
+    tokenizer, backbone = path.tokenizer, path.backbone
     for _ in range(iters):
         _sync(device)
         t0 = time.perf_counter()
         tokens, _ = tokenizer.embed(images, backbone)
         _sync(device)
         t1 = time.perf_counter()
-        logits = tokenizer.decision_logits(tokens)
+        decisions, logits = tokenizer.decide(
+            tokens, "threshold", budget=path.budget, max_tokens=path.max_tokens
+        )
         _sync(device)
         t2 = time.perf_counter()
-        layout = build_layout(tokens, [lg > 0 for lg in logits], tokenizer.levels, logits)
+        layout = build_layout(tokens, decisions, tokenizer.levels, logits)
         _sync(device)
         t3 = time.perf_counter()
         backbone.forward_head(backbone(layout))
@@ -167,7 +180,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         raise ValueError("give --ckpt (a trained SPLIT checkpoint) or --fraction (a calibrated layout)")
     device = _device(cfg.device)
     torch.manual_seed(cfg.seed)
-    backbone, tokenizer = build(cfg, device)
+    path = build(cfg, device)
+    backbone, tokenizer = path.backbone, path.tokenizer
     size = backbone.img_size
     if cfg.img_size and cfg.ckpt and tuple(size) != (cfg.img_size, cfg.img_size):
         size = (cfg.img_size, cfg.img_size)
@@ -179,12 +193,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         images = torch.randn(cfg.batch_size, 3, *size, device=device)
     dtype = DTYPES[cfg.dtype]
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
-    shift = 0.0
+    cut = None
     if cfg.fraction is not None:  # a trained policy runs as trained unless a fraction is asked for
         with autocast:
-            shift = calibrate_policy(tokenizer, backbone, images, cfg.fraction)
+            cut = calibrate_policy(path, images, cfg.fraction)
     uniform = backbone.model
-    split = _split_forward(tokenizer, backbone)
     if cfg.compile:  # in place, per block: both paths run the same compiled blocks
         for block in backbone.model.blocks:
             block.compile(dynamic=True)
@@ -195,7 +208,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     def run_split() -> Any:
         with torch.inference_mode(), autocast:
-            return split(images)
+            return path(images)
 
     for _ in range(cfg.warmup):
         run_uniform()
@@ -205,9 +218,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         t_uniform += _timed(run_uniform, device)
         t_split += _timed(run_split, device)
     with autocast:
-        parts = breakdown(tokenizer, backbone, images, cfg.iters, device)
+        parts = breakdown(path, images, cfg.iters, device)
         with torch.inference_mode():
-            layout = tokenizer(images, backbone, mode="threshold")
+            layout = path.layout(images)
     prefix = backbone.num_prefix_tokens
     finest = layout.grid_size[0] * layout.grid_size[1]
     flops_uniform = backbone_flops(backbone.model, [finest + prefix] * cfg.batch_size)
@@ -232,7 +245,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "overhead_fraction": (parts["embed"] + parts["decide"] + parts["walk"]) / parts["backbone"],
         "peak_memory_mib_uniform": _peak_memory(run_uniform, device),
         "peak_memory_mib_split": _peak_memory(run_split, device),
-        "policy_bias_shift": shift,
+        "policy_cut": cut,
     }
     result["speedup_over_ideal"] = result["speedup"] / result["ideal_speedup"]
     return result

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -21,15 +22,20 @@ class FractionController(nn.Module):
     - the proportional term reacts at once and vanishes at the target, so the integral only holds
       the steady-state price (the augmented-Lagrangian view of a quadratic penalty on the *mean*);
     - the derivative term damps: it pushes back while the fraction is already moving the right way;
-    - the error ``e`` is measured on what evaluation deploys (the thresholded fraction, passed in
-      by the caller) and smoothed with an EMA, so sampling and batch noise do not drive λ;
+    - the error ``e`` is measured on the fraction the reward penalises (the caller passes the
+      sampled rollouts' mean), so λ is the price at which the stochastic policy's expected usage
+      meets the budget, and smoothed with an EMA against batch noise;
     - the integral is clamped to ``[0, lambda_max]`` (anti-windup).
+
+    With several targets (a budget-conditioned policy) the controller keeps one multiplier per
+    budget point, each updated only by the batches trained at its budget; λ between points is
+    interpolated (`value_at`).
 
     State lives in buffers, so it is in every checkpoint and on every device; with ``reduce`` set
     to a cross-rank mean, every rank computes the same λ.
 
     Args:
-        target: target mean token fraction.
+        target: target mean token fraction, or one per budget point (ascending).
         lr: integral gain η (0 switches the integral off).
         gain: proportional gain k_p (0, with ``damping`` 0, gives the plain dual update).
         damping: derivative gain k_d.
@@ -41,7 +47,7 @@ class FractionController(nn.Module):
 
     def __init__(
         self,
-        target: float,
+        target: float | Sequence[float],
         lr: float = 0.1,
         gain: float = 0.5,
         damping: float = 0.0,
@@ -51,33 +57,61 @@ class FractionController(nn.Module):
         reduce: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
         super().__init__()
-        self.target = float(target)
+        targets = [float(t) for t in (target if isinstance(target, Sequence) else [target])]
+        self.targets = targets
         self.lr, self.gain, self.damping = float(lr), float(gain), float(damping)
         self.smoothing, self.lambda_max = float(smoothing), float(lambda_max)
         self.reduce = reduce
-        self.register_buffer("integral", torch.tensor(float(lambda_init)))
-        self.register_buffer("error", torch.tensor(0.0))
-        self.register_buffer("change", torch.tensor(0.0))
-        self.register_buffer("steps", torch.tensor(0, dtype=torch.long))
+        k = len(targets)
+        self.register_buffer("integral", torch.full((k,), float(lambda_init)))
+        self.register_buffer("error", torch.zeros(k))
+        self.register_buffer("change", torch.zeros(k))
+        self.register_buffer("steps", torch.zeros(k, dtype=torch.long))
+
+    @property
+    def target(self) -> float:
+        """The (first) target."""
+        return self.targets[0]
+
+    @property
+    def values(self) -> Tensor:
+        """``(K,)`` λ of every budget point (never below 0)."""
+        return (self.integral + self.gain * self.error + self.damping * self.change).clamp(min=0.0)
 
     @property
     def value(self) -> float:
-        """Current λ (never below 0)."""
-        return float((self.integral + self.gain * self.error + self.damping * self.change).clamp(min=0.0))
+        """Current λ of the first (or only) budget point."""
+        return float(self.values[0])
+
+    def value_at(self, budget: float) -> float:
+        """λ at ``budget``, interpolated between the budget points."""
+        values = self.values.tolist()
+        if len(values) == 1:
+            return values[0]
+        points = self.targets
+        budget = min(max(float(budget), points[0]), points[-1])
+        i = min(max(bisect.bisect_right(points, budget) - 1, 0), len(points) - 2)
+        w = (budget - points[i]) / (points[i + 1] - points[i])
+        return values[i] + w * (values[i + 1] - values[i])
+
+    @property
+    def total_steps(self) -> int:
+        """Controller steps over all budget points (PPO steps taken)."""
+        return int(self.steps.sum())
 
     @torch.no_grad()
-    def update(self, fraction: Tensor | float) -> float:
-        """One controller step from this step's mean fraction (local; reduced across ranks here)."""
+    def update(self, fraction: Tensor | float, point: int = 0) -> float:
+        """One controller step of budget point ``point`` from this step's mean fraction (local;
+        reduced across ranks here). Returns that point's λ."""
         f = torch.as_tensor(fraction, dtype=torch.float32, device=self.integral.device).mean()
         if self.reduce is not None:
             f = self.reduce(f)
-        error = f - self.target
-        previous = self.error.clone()
-        smoothed = (
-            error if bool(self.steps == 0) else self.smoothing * self.error + (1 - self.smoothing) * error
-        )
-        self.change.copy_(smoothed - previous if bool(self.steps > 0) else torch.zeros_like(smoothed))
-        self.error.copy_(smoothed)
-        self.integral.copy_((self.integral + self.lr * error).clamp(0.0, self.lambda_max))
-        self.steps += 1
-        return self.value
+        error = f - self.targets[point]
+        first = bool(self.steps[point] == 0)
+        previous = self.error[point].clone()
+        smoothed = error if first else self.smoothing * self.error[point] + (1 - self.smoothing) * error
+        self.change[point] = torch.zeros_like(smoothed) if first else smoothed - previous
+        self.error[point] = smoothed
+        self.integral[point] = (self.integral[point] + self.lr * error).clamp(0.0, self.lambda_max)
+        self.steps[point] += 1
+        return float(self.values[point])

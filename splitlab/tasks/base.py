@@ -13,16 +13,10 @@ from torchmetrics import MetricCollection
 
 from splitlab.backbone import PackedFeatures, PackedViT
 from splitlab.metrics import PolicyStats
-from splitlab.rl import FractionController, PPOConfig
-from splitlab.tasks.evaluation import PolicyEvaluation
+from splitlab.rl import BudgetSampler, FractionController, PPOConfig
+from splitlab.tasks.evaluation import PolicyEvaluation, slot
 from splitlab.tasks.training import Stage, StageTraining
-from splitlab.tokenizer import (
-    BASELINES,
-    Levels,
-    SplitTokenizer,
-    TokenLayout,
-    baseline_scores,
-)
+from splitlab.tokenizer import BASELINES, Levels, SplitTokenizer, TokenLayout, baseline_scores, budget_points
 
 
 class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
@@ -49,7 +43,17 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
         checkpoint_path: local backbone weights for offline machines.
         backbone_kwargs: extra ``timm.create_model`` arguments (``img_size``, ``depth``, ...).
         levels: patch sizes coarse to fine; default: up to 3 levels that divide the image.
-        target_fraction: target mean token fraction.
+        target_fraction: the token budget: target mean token fraction of training (unconditioned
+            policy) and the budget evaluation, test and predict deploy.
+        budgets: ``[lowest, highest]``: train one budget-conditioned policy for every budget in
+            this range (points ``budget_step`` apart, one drawn per batch); None trains for
+            ``target_fraction`` alone.
+        budget_step: spacing of the training budget points.
+        max_fraction: hard cap on any image's token fraction at inference (None: no cap).
+        eval_budgets: further budgets the learned policy is evaluated at (budget-conditioned
+            policies), each with the baselines at its realised fraction (``learned@0.3``, ...).
+        calibration_images: training images that set the deployed cut of every budget before each
+            validation of a fit (`recalibrate`; 0: the running average of training batches only).
         decision_dim: width of the decision module.
         decision_heads: heads of its cross-attention.
         attn_backend: packed-attention backend (``auto`` picks the fastest available).
@@ -83,6 +87,11 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
         backbone_kwargs: dict[str, Any] | None = None,
         levels: Sequence[int] | None = None,
         target_fraction: float = 0.7,
+        budgets: Sequence[float] | None = None,
+        budget_step: float = 0.1,
+        max_fraction: float | None = None,
+        eval_budgets: Sequence[float] = (),
+        calibration_images: int = 512,
         decision_dim: int = 128,
         decision_heads: int = 4,
         attn_backend: str = "auto",
@@ -137,12 +146,20 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
             self.levels = Levels.build(hp.levels, patch_size=self.backbone.patch_size)
         self.levels.check_image(self.backbone.img_size)
         self.target_fraction = self.levels.check_fraction(hp.target_fraction)
-        self.tokenizer = SplitTokenizer(
-            self.backbone.embed_dim, self.levels, hp.decision_dim, hp.decision_heads
+        points = (
+            budget_points(hp.budgets, hp.budget_step) if hp.budgets is not None else [self.target_fraction]
         )
+        self.tokenizer = SplitTokenizer(
+            self.backbone.embed_dim, self.levels, hp.decision_dim, hp.decision_heads, budgets=points
+        )
+        self.tokenizer.operating_points.check(self.target_fraction)
+        for budget in hp.eval_budgets:
+            self.tokenizer.operating_points.check(budget, "eval_budgets")
+        self.max_tokens = self._cap(hp.max_fraction)
         self.head = self.configure_head()
+        self.budget_sampler = BudgetSampler(len(points))
         self.controller = FractionController(
-            self.target_fraction,
+            points,
             lr=hp.lambda_lr,
             gain=hp.lambda_gain,
             damping=hp.lambda_damping,
@@ -150,15 +167,27 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
             reduce=self._mean_over_ranks,
         )
 
+    def _cap(self, max_fraction: float | None) -> int | None:
+        """``max_fraction`` as a token count of the finest grid (None: no cap), checked against the levels."""
+        if max_fraction is None:
+            return None
+        grid = (
+            self.backbone.img_size[0] // self.levels.finest,
+            self.backbone.img_size[1] // self.levels.finest,
+        )
+        self.levels.check_fraction(max_fraction, "max_fraction")
+        return int(max_fraction * grid[0] * grid[1])
+
     def configure_head(self) -> nn.Module | None:
         """The task head on top of `PackedFeatures` (None when the timm model's own head is used)."""
         return None
 
     def configure_metrics(self) -> None:
-        """Per-policy metric collections for validation and test."""
-        policies = ["learned", *self.hparams.eval_baselines]
+        """Per-policy metric collections for validation and test (one per policy and evaluation budget)."""
         for split in ("val", "test"):
-            stats = nn.ModuleDict({p: PolicyStats(self.build_metrics()) for p in policies})
+            stats = nn.ModuleDict(
+                {slot(name): PolicyStats(self.build_metrics()) for name in self.policy_names()}
+            )
             setattr(self, f"{split}_stats", stats)
 
     def build_metrics(self) -> MetricCollection:
@@ -166,14 +195,16 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
         raise NotImplementedError
 
     def load_init_checkpoint(self, path: str) -> None:
-        """Start from a splitlab (or plain) state dict; tokenizer and controller may be absent."""
+        """Start from a splitlab (or plain) state dict: backbone, head and embeddings; the policy
+        (decision module, operating points, λ) starts fresh."""
         file = Path(path)
         if not file.is_file():
             raise FileNotFoundError(f"init_checkpoint={path!r}: no such file")
         state = torch.load(file, map_location="cpu", weights_only=False)
-        state = state.get("state_dict", state)
+        policy = ("tokenizer.decision.", "tokenizer.operating_points.", "controller.", "budget_sampler.")
+        state = {k: v for k, v in state.get("state_dict", state).items() if not k.startswith(policy)}
         missing, unexpected = self.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.startswith(("tokenizer.", "controller."))]
+        missing = [k for k in missing if not k.startswith(policy)]
         if missing or unexpected:
             raise ValueError(
                 f"init_checkpoint={path!r} does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}"
@@ -210,11 +241,20 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
 
     # ----------------------------------------------------------------------------- forward
     def layout(
-        self, images: Tensor, policy: str = "learned", fraction: float | None = None, seed: int = 0
+        self,
+        images: Tensor,
+        policy: str = "learned",
+        fraction: float | None = None,
+        seed: int = 0,
+        budget: float | None = None,
     ) -> TokenLayout:
-        """A layout for ``images``: the learned policy (threshold mode) or a baseline at ``fraction``."""
+        """A layout for ``images``: the learned policy at ``budget`` (default ``target_fraction``; the
+        hard cap applies) or a baseline at ``fraction``."""
         if policy == "learned":
-            return self.tokenizer(images, self.backbone, mode="threshold")
+            budget = self.target_fraction if budget is None else budget
+            return self.tokenizer(
+                images, self.backbone, mode="threshold", budget=budget, max_tokens=self.max_tokens
+            )
         generator = torch.Generator(images.device).manual_seed(seed)
         mean, std = self.normalisation
         scores, threshold = baseline_scores(
@@ -227,10 +267,15 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
         return self.forward_task(self.backbone(layout, indices=self.backbone_indices()))
 
     def forward(
-        self, images: Tensor, policy: str = "learned", fraction: float | None = None, seed: int = 0
+        self,
+        images: Tensor,
+        policy: str = "learned",
+        fraction: float | None = None,
+        seed: int = 0,
+        budget: float | None = None,
     ) -> tuple[Any, TokenLayout]:
         """Task outputs and the layout used, for inference (``seed`` drives the random baseline)."""
-        layout = self.layout(images, policy, fraction, seed)
+        layout = self.layout(images, policy, fraction, seed, budget)
         return self.forward_layout(layout), layout
 
     @property
@@ -272,6 +317,18 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trained = checkpoint.get("state_dict", {}).get("tokenizer.operating_points.budgets")
+        mine = self.tokenizer.operating_points.budgets
+        if trained is not None and (
+            trained.shape != mine.shape or not torch.allclose(trained.cpu(), mine.cpu())
+        ):
+            lo, hi = float(trained[0]), float(trained[-1])
+            span = f"[{lo:g}, {hi:g}] (budgets: [{lo:g}, {hi:g}])" if len(trained) > 1 else f"{lo:g} only"
+            raise ValueError(
+                f"the checkpoint's policy was trained for budgets {span}; this run asks for "
+                f"target_fraction={self.target_fraction:g} with budgets={self.hparams.budgets}: "
+                "use the checkpoint's budgets, and a target_fraction inside them"
+            )
         state = checkpoint.get("splitlab", {})
         if "stage" in state:
             self.stage = state["stage"]

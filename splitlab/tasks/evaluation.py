@@ -10,8 +10,32 @@ from splitlab.metrics import timed
 from splitlab.report import format_table, summary_record, write_summary
 
 
+def slot(name: str) -> str:
+    """The metric container's key of a policy row (module names may not contain dots)."""
+    return name.replace(".", "_")
+
+
+def at(budget: float) -> str:
+    """Suffix of the rows evaluated at a further budget: ``learned@0.3``."""
+    return f"@{budget:g}"
+
+
 class PolicyEvaluation:
     """Evaluation half of `SplitTask`: the learned layout beside the baselines, summary, predictions."""
+
+    def policy_names(self) -> list[str]:
+        """Rows of the comparison: the learned policy and each baseline, then the same at every
+        further evaluation budget (the uniform grid has no budget: it appears once)."""
+        baselines = list(self.hparams.eval_baselines)
+        names = ["learned", *baselines]
+        for budget in self.extra_budgets:
+            names += [n + at(budget) for n in ("learned", *baselines) if n != "uniform"]
+        return names
+
+    @property
+    def extra_budgets(self) -> list[float]:
+        """The evaluation budgets besides ``target_fraction``."""
+        return [float(b) for b in self.hparams.eval_budgets if abs(b - self.target_fraction) > 1e-9]
 
     def _evaluate_baselines(self) -> bool:
         trainer = self.trainer
@@ -24,26 +48,34 @@ class PolicyEvaluation:
     def _eval_step(self, batch: Any, batch_idx: int, split: str) -> dict[str, Any]:
         images, targets = self.split_batch(batch)
         stats = getattr(self, f"{split}_stats")
-        with timed(images.device) as elapsed:
-            outputs, layout = self(images, policy=self.deployed_policy)
-        learned = stats["learned"]
-        learned.update_layout(layout.fraction, elapsed())
-        self.update_metrics(learned.metrics, outputs, targets, layout)
-        if self._evaluate_baselines():
-            realised = float(layout.fraction.mean())
+        full = self._evaluate_baselines()
+        extra = full and self.deployed_policy == "learned"
+        budgets = [self.target_fraction, *(self.extra_budgets if extra else ())]
+        first = None
+        for budget in budgets:
+            suffix = "" if budget == budgets[0] else at(budget)
+            with timed(images.device) as elapsed:
+                outputs, layout = self(images, policy=self.deployed_policy, budget=budget)
+            self._record(stats[slot("learned" + suffix)], outputs, targets, layout, elapsed())
+            first = first or layout
+            if not full:
+                continue
+            realised = max(float(layout.fraction.mean()), self.levels.min_fraction)
             for policy in self.hparams.eval_baselines:
-                if policy == self.deployed_policy:
+                if policy == self.deployed_policy or (suffix and policy == "uniform"):
                     continue
                 with timed(images.device) as elapsed:
-                    base_out, base_layout = self(
-                        images,
-                        policy=policy,
-                        fraction=max(realised, self.levels.min_fraction),
-                        seed=batch_idx,
-                    )
-                stats[policy].update_layout(base_layout.fraction, elapsed())
-                self.update_metrics(stats[policy].metrics, base_out, targets, base_layout)
-        return {"images": images, "layout": layout} if batch_idx == 0 else {}
+                    out, base = self(images, policy=policy, fraction=realised, seed=batch_idx)
+                self._record(stats[slot(policy + suffix)], out, targets, base, elapsed())
+        return {"images": images, "layout": first} if batch_idx == 0 else {}
+
+    def _record(self, stat: Any, outputs: Any, targets: Any, layout: Any, seconds: float) -> None:
+        stat.update_layout(layout.fraction, seconds)
+        self.update_metrics(stat.metrics, outputs, targets, layout)
+
+    def on_validation_start(self) -> None:
+        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
+            self.recalibrate()
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         return self._eval_step(batch, batch_idx, "val")
@@ -54,11 +86,10 @@ class PolicyEvaluation:
     def _eval_epoch_end(self, split: str) -> None:
         stats = getattr(self, f"{split}_stats")
         results = {}
-        for policy, stat in stats.items():
-            if not stat.images.update_called:
-                stat.reset()
-                continue
-            results[policy] = stat.compute()
+        for policy in self.policy_names():
+            stat = stats[slot(policy)]
+            if stat.images.update_called:
+                results[policy] = stat.compute()
             stat.reset()
         if "learned" not in results:
             return
@@ -71,7 +102,7 @@ class PolicyEvaluation:
         )
         self.log(f"{split}/fraction", learned["token_fraction_mean"], prog_bar=True)
         self.log(f"{split}/fraction_std", learned["token_fraction_std"], prog_bar=True)
-        self.log("lambda", self.controller.value, prog_bar=True)
+        self.log("lambda", self.controller.value_at(self.target_fraction), prog_bar=True)
         for policy, values in results.items():
             if policy != "learned":
                 self.log(f"{split}/{policy}/{self.metric_name}", values.get(self.metric_name, float("nan")))
@@ -84,7 +115,7 @@ class PolicyEvaluation:
             self.task_name,
             self.metric_name,
             self.target_fraction,
-            self.controller.value,
+            self.controller.value_at(self.target_fraction),
             results,
             str(self.trainer.state.fn.value),
         )

@@ -9,9 +9,10 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, Subset
 
 from splitlab.rl import advantages, ppo_policy_loss
-from splitlab.tokenizer import fraction_of, policy, warm_start_labels
+from splitlab.tokenizer import calibrate_threshold, fraction_of, policy, warm_start_labels
 
 Stage = Literal["dense", "warm_start", "ppo"]
 STAGES = ("dense", "warm_start", "ppo")
@@ -102,7 +103,7 @@ class StageTraining:
         the controller's (checkpointed) step counter, so the schedule survives resume.
         """
         total = getattr(self, "_ppo_total_steps", 1)
-        progress = min(int(self.controller.steps) / total, 1.0)
+        progress = min(self.controller.total_steps / total, 1.0)
         return self.hparams.policy_lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
     def backward_synced(self, loss: Tensor, optimizers: Sequence[torch.optim.Optimizer]) -> None:
@@ -131,6 +132,67 @@ class StageTraining:
         for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
             p.grad = g
 
+    def step_budget(self) -> tuple[int, float]:
+        """This step's training budget: the one target, or (budget-conditioned) a point drawn per batch,
+        more often where the task loss is high (`BudgetSampler`).
+
+        The draw is a function of ``(sampling_seed, global_step)`` and of reduced loss averages:
+        the same on every rank (λ and the operating points are kept per point and must agree)
+        and the same after a resume.
+        """
+        points = self.controller.targets
+        if len(points) == 1:
+            return 0, points[0]
+        point = self.budget_sampler.draw(int(self.hparams.sampling_seed) * 1_000_003 + int(self.global_step))
+        return point, points[point]
+
+    def calibrate(self, logits: Sequence[Tensor], point: int, budget: float) -> Tensor:
+        """Move the operating point of ``budget`` towards this batch's exact cut; the deployed fractions."""
+        logits = [lg.detach() for lg in logits]
+        self.tokenizer.operating_points.update(
+            point, calibrate_threshold(logits, budget), self._mean_over_ranks
+        )
+        cut = self.tokenizer.operating_points.cuts[point]
+        return fraction_of([lg > cut for lg in logits])
+
+    @torch.no_grad()
+    def recalibrate(self) -> None:
+        """Set every operating point from a fixed sample of training images under the current policy.
+
+        The running average of `calibrate` lags when PPO moves the logits quickly (measured on
+        the COCO twin: deployed 0.44 for a budget of 0.50); before each validation of a fit the
+        cuts are therefore recomputed exactly, as "precise BatchNorm" recomputes statistics:
+        ``calibration_images`` training images (the same ones every time, with the training
+        transforms) through embedding and decision module only, no backbone. The global RNG is
+        forked, so training randomness is unchanged; under DDP the cuts are averaged over ranks.
+        """
+        count = int(self.hparams.calibration_images)
+        loader = self.trainer.train_dataloader if self._trainer is not None else None
+        if count <= 0 or self.stage == "dense" or not isinstance(loader, DataLoader):
+            return
+        dataset = loader.dataset
+        order = torch.randperm(
+            len(dataset), generator=torch.Generator().manual_seed(self.hparams.sampling_seed)
+        )
+        sample = DataLoader(
+            Subset(dataset, order[: min(count, len(dataset))].tolist()),
+            batch_size=loader.batch_size or 1,
+            num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn,
+        )
+        points = self.tokenizer.operating_points
+        logits: list[list[list[Tensor]]] = [[] for _ in range(len(points.budgets))]
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), self.trainer.precision_plugin.forward_context():
+            for batch in sample:
+                images, _ = self.split_batch(self.transfer_batch_to_device(batch, self.device, 0))
+                tokens, _ = self.tokenizer.embed(images, self.backbone)
+                for point, budget in enumerate(points.budgets.tolist()):
+                    logits[point].append(self.tokenizer.decision_logits(tokens, budget))
+        for point, budget in enumerate(points.budgets.tolist()):
+            per_level = [torch.cat(level) for level in zip(*logits[point], strict=True)]
+            points.set(point, calibrate_threshold(per_level, budget), self._mean_over_ranks)
+
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         images, targets = self.split_batch(batch)
         if self.stage == "ppo":
@@ -139,7 +201,9 @@ class StageTraining:
             stats = self.supervised_step(images, targets)
         batch_size = images.shape[0]
         self.log_dict({f"train/{k}": v for k, v in stats.items()}, batch_size=batch_size)
-        self.log("lambda", self.controller.value, prog_bar=True, batch_size=batch_size)
+        self.log(
+            "lambda", self.controller.value_at(self.target_fraction), prog_bar=True, batch_size=batch_size
+        )
         return stats["loss"]
 
     def supervised_step(self, images: Tensor, targets: Any) -> dict[str, Tensor]:
@@ -153,8 +217,9 @@ class StageTraining:
             layout = self.tokenizer.tokenize(tokens, "scores", scores=uniform, threshold=0.0)
             imitation = None
         else:
-            logits = self.tokenizer.decision_logits(tokens)
-            labels, _ = warm_start_labels(content, self.levels, self.target_fraction)
+            point, budget = self.step_budget()
+            logits = self.tokenizer.decision_logits(tokens, budget)
+            labels, _ = warm_start_labels(content, self.levels, budget)
             imitation = sum(
                 F.binary_cross_entropy_with_logits(lg.float(), lab.float(), reduction="sum")
                 for lg, lab in zip(logits, labels, strict=True)
@@ -164,6 +229,7 @@ class StageTraining:
             # learns the distribution it will be frozen on, and sampling's variety keeps it robust to
             # PPO's exploration. The labels only teach the policy (BCE).
             layout = self.tokenizer.tokenize(tokens, "sample", logits=logits, generator=self.generator)
+            stats["deployed_fraction"] = self.calibrate(logits, point, budget).mean()
             stats["imitation"] = imitation.detach()
             stats["label_agreement"] = torch.stack(
                 [((lg > 0) == lab).float().mean() for lg, lab in zip(logits, labels, strict=True)]
@@ -181,6 +247,8 @@ class StageTraining:
         if imitation is not None:
             policy_opt.step()
         task_sched.step()
+        if imitation is not None:
+            self.budget_sampler.update(point, task_loss.detach(), self._mean_over_ranks)
         stats.update(loss=loss.detach(), task_loss=task_loss.detach(), fraction=layout.fraction.mean())
         return stats
 
@@ -191,9 +259,10 @@ class StageTraining:
             group["lr"] = self._policy_lr()
         cfg = self.ppo
         samples = cfg.samples
+        point, budget = self.step_budget()
         with torch.no_grad():
             tokens, _ = self.tokenizer.embed(images, self.backbone)
-            old_logits = self.tokenizer.decision_logits(tokens)
+            old_logits = self.tokenizer.decision_logits(tokens, budget)
             rollouts = self.tokenizer.tokenize(
                 [t.repeat(samples, 1, 1, 1) for t in tokens],
                 "sample",
@@ -202,15 +271,14 @@ class StageTraining:
             )
             outputs = self.forward_layout(rollouts)
             task_loss = self.per_sample_loss(outputs, self.repeat_targets(targets, samples)).float()
-            lam = self.controller.value
+            lam = float(self.controller.values[point])
             reward = -task_loss - lam * rollouts.fraction
             advantage = advantages(reward.view(samples, -1), reduce_mean=self._mean_over_ranks).reshape(-1)
-            deployed = fraction_of([lg > 0 for lg in old_logits])
             old_log_prob = [
                 policy.log_prob(lg, d) for lg, d in zip(rollouts.logits, rollouts.decisions, strict=True)
             ]
         for _ in range(cfg.epochs):
-            new_logits = [lg.repeat(samples, 1, 1) for lg in self.tokenizer.decision_logits(tokens)]
+            new_logits = [lg.repeat(samples, 1, 1) for lg in self.tokenizer.decision_logits(tokens, budget)]
             loss, ppo_stats = ppo_policy_loss(
                 [policy.log_prob(lg, d) for lg, d in zip(new_logits, rollouts.decisions, strict=True)],
                 old_log_prob,
@@ -226,12 +294,20 @@ class StageTraining:
                 policy_opt, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm"
             )
             policy_opt.step()
-        self.controller.update(deployed.mean())
+        self.controller.update(rollouts.fraction.mean(), point)
+        self.budget_sampler.update(point, task_loss.mean(), self._mean_over_ranks)
+        with torch.no_grad():
+            logits = self.tokenizer.decision_logits(tokens, budget)
+            at_half = fraction_of([lg > 0 for lg in logits])
+            deployed = self.calibrate(logits, point, budget)
         return {
             "loss": loss.detach(),
             "task_loss": task_loss.mean(),
             "reward": reward.mean(),
+            "budget": torch.tensor(budget),
             "fraction": rollouts.fraction.mean(),
             "deployed_fraction": deployed.mean(),
+            "fraction_p50": at_half.mean(),
+            "lambda_point": torch.tensor(lam),
             **ppo_stats,
         }

@@ -17,12 +17,13 @@ from splitlab.tokenizer.baselines import (
     patch_entropy,
     random_split_rate,
 )
+from splitlab.tokenizer.budget import OperatingPoints, budget_points
 from splitlab.tokenizer.decision import SplitDecision
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed
 from splitlab.tokenizer.labels import embedding_difference_scores, warm_start_labels
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
-from splitlab.tokenizer.quadtree import build_layout, count_tokens, fraction_of, leaf_masks
+from splitlab.tokenizer.quadtree import build_layout, cap_splits, count_tokens, fraction_of, leaf_masks
 from splitlab.tokenizer.tokenizer import MODES, SplitTokenizer
 
 __all__ = [
@@ -31,12 +32,15 @@ __all__ = [
     "EmbeddingSource",
     "Levels",
     "MultiScalePatchEmbed",
+    "OperatingPoints",
     "SplitDecision",
     "SplitTokenizer",
     "TokenLayout",
     "baseline_scores",
+    "budget_points",
     "build_layout",
     "calibrate_threshold",
+    "cap_splits",
     "count_tokens",
     "embedding_difference_scores",
     "entropy_scores",

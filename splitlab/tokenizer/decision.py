@@ -17,9 +17,21 @@ class SplitDecision(nn.Module):
 
     Inputs are detached: the policy reads the embeddings but its imitation and PPO losses do not
     reshape them, so the backbone's features only answer to the task loss.
+
+    With ``budget_conditioned`` the module also reads the token budget of each image: a small
+    MLP of the budget gives a FiLM scale and shift of the MLP's input (zero-initialised, so the
+    module starts as the unconditioned one), and one policy learns where tokens go at every
+    budget of its range.
     """
 
-    def __init__(self, embed_dim: int, dim: int = 128, num_heads: int = 4, mlp_ratio: float = 2.0) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        dim: int = 128,
+        num_heads: int = 4,
+        mlp_ratio: float = 2.0,
+        budget_conditioned: bool = False,
+    ) -> None:
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"decision_dim={dim} must be divisible by decision_heads={num_heads}")
@@ -31,17 +43,31 @@ class SplitDecision(nn.Module):
         self.quadrant = nn.Parameter(torch.zeros(4, dim))
         nn.init.trunc_normal_(self.quadrant, std=0.02)
         self.mlp = Mlp(2 * dim, hidden_features=int(mlp_ratio * dim), out_features=1)
+        self.budget_film: nn.Module | None = None
+        if budget_conditioned:
+            self.budget_film = nn.Sequential(nn.Linear(2, dim), nn.GELU(), nn.Linear(dim, 4 * dim))
+            nn.init.zeros_(self.budget_film[-1].weight)
+            nn.init.zeros_(self.budget_film[-1].bias)
 
-    def forward(self, parent: Tensor, children: Tensor) -> Tensor:
+    @property
+    def budget_conditioned(self) -> bool:
+        return self.budget_film is not None
+
+    def forward(self, parent: Tensor, children: Tensor, budget: Tensor | None = None) -> Tensor:
         """Split logits.
 
         Args:
-            parent: ``(..., D)`` parent embeddings.
-            children: ``(..., 4, D)`` the parents' children embeddings.
+            parent: ``(B, N, D)`` parent embeddings.
+            children: ``(B, N, 4, D)`` the parents' children embeddings.
+            budget: ``(B,)`` token budget of each image (budget-conditioned modules only).
 
         Returns:
-            ``(...)`` logits; ``sigmoid`` gives p(split).
+            ``(B, N)`` logits; ``sigmoid`` gives p(split).
         """
+        if self.budget_conditioned and budget is None:
+            raise ValueError(
+                "this decision module is budget-conditioned: pass the token budget of each image"
+            )
         parent, children = parent.detach(), children.detach()
         q = self.query(self.norm(parent))  # (..., dim)
         k, v = self.key_value(self.norm(children)).chunk(2, dim=-1)  # (..., 4, dim)
@@ -52,4 +78,9 @@ class SplitDecision(nn.Module):
         vh = v.view(*v.shape[:-1], self.num_heads, self.head_dim)
         attn = torch.einsum("...hd,...chd->...hc", qh, kh) * self.head_dim**-0.5
         summary = torch.einsum("...hc,...chd->...hd", attn.softmax(dim=-1), vh).reshape(q.shape)
-        return self.mlp(torch.cat([q, summary], dim=-1)).squeeze(-1)
+        features = torch.cat([q, summary], dim=-1)
+        if self.budget_film is not None:
+            b = budget.to(features.dtype).view(-1, 1)
+            scale, shift = self.budget_film(torch.cat([b, b.clamp(min=1e-3).log()], -1)).chunk(2, dim=-1)
+            features = features * (1 + scale[:, None]) + shift[:, None]
+        return self.mlp(features).squeeze(-1)

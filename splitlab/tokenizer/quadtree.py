@@ -61,6 +61,46 @@ def fraction_of(decisions: Sequence[Tensor]) -> Tensor:
     return count_tokens(decisions).float() / finest
 
 
+def cap_splits(decisions: Sequence[Tensor], priority: Sequence[Tensor], max_tokens: int) -> list[Tensor]:
+    """Keep at most as many splits per image as ``max_tokens`` allows, the most confident first.
+
+    A split turns one token into four, so an image may keep ``(max_tokens - coarse tokens) // 3``
+    splits. Each split's rank is its priority capped by its ancestors' (a child never outranks its
+    parent), ties going to the coarser level, so the kept set is always a valid quadtree: parents
+    before children, in order of the policy's confidence. Vectorised over the batch, no host sync.
+
+    Args:
+        decisions: per non-finest level ``(B, h, w)`` bool split decisions.
+        priority: per level ``(B, h, w)`` confidence of each split (the split logit).
+        max_tokens: the cap on tokens per image.
+
+    Returns:
+        the capped decisions (a subset of ``decisions``).
+    """
+    if not decisions:
+        return []
+    coarse = decisions[0].shape[-2] * decisions[0].shape[-1]
+    allowed = (max_tokens - coarse) // 3
+    if allowed < 0:
+        raise ValueError(f"max_tokens={max_tokens} is below the {coarse} tokens of the all-coarse layout")
+    _, candidates = leaf_masks(decisions, ())
+    flat, ceiling = [], None
+    for split, cand, prio in zip(decisions, candidates, priority, strict=True):
+        prio = prio.float()
+        if ceiling is not None:
+            prio = torch.minimum(prio, upsample2(ceiling))
+        ceiling = prio
+        flat.append(torch.where(split & cand, prio, float("-inf")).flatten(1))
+    scores = torch.cat(flat, 1)
+    order = scores.argsort(dim=1, descending=True, stable=True)  # ties: coarser level first
+    rank = torch.empty_like(order).scatter_(
+        1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
+    )
+    keep = (rank < allowed) & torch.isfinite(scores)
+    sizes = [d[0].numel() for d in decisions]
+    return [k.view_as(d) for k, d in zip(keep.split(sizes, 1), decisions, strict=True)]
+
+
 @lru_cache(maxsize=64)
 def _token_table(
     levels: Levels, grids: tuple[tuple[int, int], ...], device: torch.device

@@ -10,11 +10,12 @@ import torch
 from torch import Tensor, nn
 
 from splitlab.tokenizer import policy
+from splitlab.tokenizer.budget import OperatingPoints
 from splitlab.tokenizer.decision import SplitDecision
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed, space_to_depth
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
-from splitlab.tokenizer.quadtree import build_layout
+from splitlab.tokenizer.quadtree import build_layout, cap_splits
 
 Mode = Literal["sample", "threshold", "labels", "scores"]
 MODES = ("sample", "threshold", "labels", "scores")
@@ -32,6 +33,9 @@ class SplitTokenizer(nn.Module):
         levels: patch sizes coarse to fine, the finest being the backbone's patch size.
         decision_dim: width of the decision module.
         decision_heads: heads of its cross-attention.
+        budgets: the token budgets the policy is trained for, ascending. One budget (or none):
+            an unconditioned policy; several: the decision module reads each image's budget and
+            one policy serves every budget between the first and the last.
     """
 
     def __init__(
@@ -40,19 +44,42 @@ class SplitTokenizer(nn.Module):
         levels: Sequence[int] | Levels,
         decision_dim: int = 128,
         decision_heads: int = 4,
+        budgets: Sequence[float] = (),
     ) -> None:
         super().__init__()
         self.levels = Levels.build(levels)
+        for b in budgets:
+            self.levels.check_fraction(b, "budgets")
         self.embed = MultiScalePatchEmbed(embed_dim, self.levels)
-        self.decision = SplitDecision(embed_dim, decision_dim, decision_heads)
+        self.decision = SplitDecision(
+            embed_dim, decision_dim, decision_heads, budget_conditioned=len(budgets) > 1
+        )
+        self.operating_points = OperatingPoints(list(budgets) or [1.0])
 
-    def decision_logits(self, tokens: Sequence[Tensor]) -> list[Tensor]:
+    @property
+    def budget_conditioned(self) -> bool:
+        """Whether one policy serves a range of budgets (the decision module reads the budget)."""
+        return self.decision.budget_conditioned
+
+    def budget_of(self, budget: float | Tensor | None, batch: int, device: torch.device) -> Tensor:
+        """``(B,)`` budgets: ``budget`` broadcast, or the one trained budget of an unconditioned policy."""
+        if budget is None:
+            if self.budget_conditioned:
+                lo, hi = self.operating_points.range
+                raise ValueError(f"this policy serves budgets [{lo:g}, {hi:g}]: pass the budget to use")
+            budget = float(self.operating_points.budgets[0])
+        return torch.as_tensor(budget, dtype=torch.float32, device=device).expand(batch)
+
+    def decision_logits(self, tokens: Sequence[Tensor], budget: float | Tensor | None = None) -> list[Tensor]:
         """Split logits for every patch of every non-finest level, in one call of the module."""
         if self.levels.num == 1:
             return []
         parents = [t.reshape(t.shape[0], -1, t.shape[-1]) for t in tokens[:-1]]
         children = [space_to_depth(t).flatten(1, 2) for t in tokens[1:]]
-        logits = self.decision(torch.cat(parents, 1), torch.cat(children, 1))
+        condition = (
+            self.budget_of(budget, tokens[0].shape[0], tokens[0].device) if self.budget_conditioned else None
+        )
+        logits = self.decision(torch.cat(parents, 1), torch.cat(children, 1), condition)
         sizes = [p.shape[1] for p in parents]
         return [chunk.view(t.shape[:3]) for chunk, t in zip(logits.split(sizes, 1), tokens[:-1], strict=True)]
 
@@ -62,23 +89,30 @@ class SplitTokenizer(nn.Module):
         mode: Mode = "threshold",
         labels: Sequence[Tensor] | None = None,
         scores: Sequence[Tensor] | None = None,
-        threshold: float = 0.5,
+        threshold: float | None = None,
         generator: torch.Generator | None = None,
         logits: Sequence[Tensor] | None = None,
+        budget: float | Tensor | None = None,
+        max_tokens: int | None = None,
     ) -> tuple[list[Tensor], list[Tensor] | None]:
-        """Split decisions for every non-finest patch: the one place that samples and thresholds.
+        """Split decisions for every non-finest patch: the one place that samples, thresholds and caps.
 
         Args:
             tokens: per level ``(B, h_k, w_k, D)`` embeddings from `MultiScalePatchEmbed`.
-            mode: ``sample`` (Bernoulli from p(split)), ``threshold`` (split where p > ``threshold``),
-                ``labels`` (forced decisions, scored under the policy) or ``scores`` (split where an
-                external per-patch score > ``threshold``; the decision module does not run).
+            mode: ``sample`` (Bernoulli from p(split)), ``threshold`` (split where the logit passes
+                the calibrated cut of ``budget``, see `OperatingPoints`, or p > ``threshold`` when
+                one is given), ``labels`` (forced decisions, scored under the policy) or ``scores``
+                (split where an external per-patch score > ``threshold``; the decision module does
+                not run).
             labels: per non-finest level ``(B, h, w)`` bool decisions for ``labels`` mode.
             scores: per non-finest level ``(B, h, w)`` scores for ``scores`` mode.
             threshold: p(split) threshold (``threshold`` mode) or score threshold (``scores`` mode).
             generator: random source for ``sample`` mode.
             logits: the decision module's logits when the caller already has them (PPO computes
                 them once per image and reuses them for every rollout).
+            budget: the token budget (a float or ``(B,)``); needed by budget-conditioned policies.
+            max_tokens: hard cap on each image's tokens: splits are kept most confident first,
+                parents before children (`cap_splits`).
 
         Returns:
             per-level bool decisions and the logits they came from (None in ``scores`` mode).
@@ -86,16 +120,35 @@ class SplitTokenizer(nn.Module):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: expected one of {MODES}")
         if mode == "scores":
-            return [s > threshold for s in self._check_per_level("scores", scores, tokens)], None
-        logits = self.decision_logits(tokens) if logits is None else list(logits)
+            given = self._check_per_level("scores", scores, tokens)
+            cut = 0.5 if threshold is None else threshold
+            decisions = [s > cut for s in given]
+            return self._capped(decisions, given, max_tokens), None
+        if logits is None:
+            logits = self.decision_logits(tokens, budget)
+        logits = list(logits)
         if mode == "sample":
-            return policy.sample(logits, generator), logits
-        if mode == "threshold":
-            if not 0.0 < threshold < 1.0:
+            decisions = policy.sample(logits, generator)
+        elif mode == "threshold":
+            if threshold is None:
+                batch = tokens[0].shape[0]
+                cut = self.operating_points.cut(self.budget_of(budget, batch, tokens[0].device)).view(
+                    -1, 1, 1
+                )
+            elif 0.0 < threshold < 1.0:
+                cut = math.log(threshold / (1.0 - threshold))
+            else:
                 raise ValueError(f"threshold={threshold}: p(split) thresholds lie in (0, 1)")
-            cut = math.log(threshold / (1.0 - threshold))
-            return [lg > cut for lg in logits], logits
-        return [d.bool() for d in self._check_per_level("labels", labels, tokens)], logits
+            decisions = [lg > cut for lg in logits]
+        else:
+            decisions = [d.bool() for d in self._check_per_level("labels", labels, tokens)]
+        return self._capped(decisions, logits, max_tokens), logits
+
+    @staticmethod
+    def _capped(decisions: list[Tensor], priority: Sequence[Tensor], max_tokens: int | None) -> list[Tensor]:
+        if max_tokens is None:
+            return decisions
+        return cap_splits(decisions, [p.detach() for p in priority], int(max_tokens))
 
     def tokenize(self, tokens: Sequence[Tensor], mode: Mode = "threshold", **kwargs: Any) -> TokenLayout:
         """Decide (see `decide` for ``mode`` and its arguments), then walk: embeddings -> `TokenLayout`."""

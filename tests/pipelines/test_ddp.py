@@ -1,4 +1,5 @@
-"""Two CPU processes (DDP over gloo) through warm start and PPO end with identical λ and policy."""
+"""Two CPU processes (DDP over gloo) through warm start and PPO of a budget-conditioned policy end with
+identical λ and operating point per budget, and an identical policy."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def test_two_rank_ddp_run_agrees(shapes_root, tmp_path) -> None:
     ranks = [torch.load(probe / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert all(r["world_size"] == 2 and r["stage"] == "ppo" for r in ranks)
     assert ranks[0]["steps"] == ranks[1]["steps"] > 0
-    assert ranks[0]["lambda"] == ranks[1]["lambda"]
+    assert len(ranks[0]["lambda"]) == 5 and ranks[0]["lambda"] == ranks[1]["lambda"]  # one λ per budget point
+    assert ranks[0]["cuts"] == ranks[1]["cuts"]  # the deployed operating points agree too
     for key, value in ranks[0]["decision"].items():
         assert torch.equal(value, ranks[1]["decision"][key]), key
     assert torch.equal(ranks[0]["backbone_head"], ranks[1]["backbone_head"])

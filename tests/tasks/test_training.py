@@ -23,6 +23,8 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
         assert 0 <= row["metric"] <= 1 and row["images_per_second"] > 0
     assert summary["policies"]["uniform"]["token_fraction_mean"] == 1.0
     assert sorted(p.name for p in (tmp_path / "token_maps").glob("*.png")) == [
+        "budgets_epoch_000.png",  # the budget-conditioned twin: one image at budgets 0.3, 0.5, 0.7
+        "budgets_epoch_001.png",
         "epoch_000.png",
         "epoch_001.png",
     ]

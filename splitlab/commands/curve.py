@@ -1,0 +1,95 @@
+"""``splitlab curve RUN_DIR``: the accuracy-tokens trade-off of a trained run, one policy, several budgets.
+
+For each budget the learned policy (budget-conditioned runs serve any budget of their range
+without retraining) and the random and entropy baselines at its realised fraction, plus the
+uniform grid: one ``validate`` of the run's own config and checkpoint through the LightningCLI,
+written as ``curve.json`` and ``curve.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from splitlab.report import curve_record, plot_curve
+
+
+def fraction_list(text: str) -> list[float]:
+    """``"0.3,0.5,0.7"`` -> ``[0.3, 0.5, 0.7]`` (argparse type: errors become one usage line)."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected comma-separated fractions, e.g. 0.3,0.5,0.7"
+        ) from err
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one fraction, e.g. --fractions 0.3,0.5,0.7")
+    bad = [v for v in values if not 0.0 < v <= 1.0]
+    if bad:
+        raise argparse.ArgumentTypeError(f"fractions {bad} lie outside (0, 1]")
+    return values
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "curve",
+        help="metric and speed against token fraction for a trained run (learned, random, entropy, uniform)",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("run_dir", help="what a fit leaves: config.yaml and checkpoints/last.ckpt")
+    p.add_argument(
+        "--fractions", type=fraction_list, default=[0.3, 0.5, 0.7], help="budgets (default 0.3,0.5,0.7)"
+    )
+    p.add_argument("--ckpt", default=None, help="checkpoint (default RUN_DIR/checkpoints/last.ckpt)")
+    p.add_argument("--out", default=None, help="output folder (default RUN_DIR/curve)")
+    p.epilog = (
+        "Further --data.* / --model.* / --trainer.* arguments override the run's config (e.g. the data root)."
+    )
+
+
+def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> tuple[list[str], Path]:
+    """The ``validate`` arguments that evaluate every budget at once, and the output folder."""
+    run = Path(args.run_dir)
+    config, ckpt = run / "config.yaml", Path(args.ckpt) if args.ckpt else run / "checkpoints" / "last.ckpt"
+    for path, what in (
+        (config, "RUN_DIR/config.yaml"),
+        (ckpt, "--ckpt" if args.ckpt else "RUN_DIR/checkpoints/last.ckpt"),
+    ):
+        if not path.is_file():
+            raise FileNotFoundError(f"{what}: {path} not found (RUN_DIR is the folder a fit wrote)")
+    bad = [
+        o for o in overrides if not o.startswith(("--data.", "--model.", "--trainer.", "--seed_everything"))
+    ]
+    if bad:
+        raise ValueError(
+            f"unknown arguments {bad}: only --data.*, --model.*, --trainer.* overrides are passed on"
+        )
+    out = Path(args.out) if args.out else run / "curve"
+    first, *rest = args.fractions
+    argv = [
+        "validate",
+        f"--config={config}",
+        f"--ckpt_path={ckpt}",
+        f"--model.init_args.target_fraction={first}",
+        f"--model.init_args.eval_budgets={json.dumps(rest)}",
+        '--model.init_args.eval_baselines=["uniform", "random", "entropy"]',
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={out}",
+        *overrides,
+    ]
+    return argv, out
+
+
+def main(args: argparse.Namespace, overrides: Sequence[str] = ()) -> int:
+    from splitlab.cli import lightning_main
+
+    argv, out = curve_arguments(args, overrides)
+    lightning_main(argv)
+    summary = json.loads((out / "summary.json").read_text())
+    record = curve_record(summary, list(args.fractions))
+    (out / "curve.json").write_text(json.dumps(record, indent=2) + "\n")
+    plot_curve(record, out / "curve.png")
+    print(f"curve: {out / 'curve.json'}  picture: {out / 'curve.png'}")
+    return 0

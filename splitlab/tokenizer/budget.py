@@ -1,0 +1,108 @@
+"""Token budgets: the budget points a policy is trained for, and where it cuts to meet each one.
+
+A stochastic policy trained so that its *sampled* layouts meet a mean budget does not meet it
+when thresholded at p = 0.5: where p hovers near 0.5, thresholding turns a coin flip into a
+certain split (or a certain keep), and the deployed fraction drifts by 0.1 and more (measured on
+the COCO twin: 0.63 for a target of 0.50). `OperatingPoints` therefore keeps, per budget point, the
+logit cut at which the deterministic policy meets that budget on the training distribution. It
+is calibrated like BatchNorm's running statistics: a moving average of each training batch's
+exact cut, reduced across ranks, checkpointed with the model. Between points the cut is
+interpolated, as the decision module's budget input is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+def budget_points(budgets: Sequence[float], step: float = 0.1) -> list[float]:
+    """The training budget points of a range ``[lo, hi]``: ``lo, lo + step, ..., hi`` (``hi`` always included)."""
+    if len(budgets) != 2:
+        raise ValueError(f"budgets={list(budgets)}: give the range as [lowest, highest], e.g. [0.3, 0.9]")
+    lo, hi = float(budgets[0]), float(budgets[1])
+    if not lo < hi:
+        raise ValueError(f"budgets={list(budgets)}: the lowest budget must be below the highest")
+    if step <= 0:
+        raise ValueError(f"budget_step={step} must be positive")
+    count = int(round((hi - lo) / step))
+    points = [round(lo + i * step, 6) for i in range(count + 1) if lo + i * step < hi - 1e-6]
+    return [*points, hi]
+
+
+class OperatingPoints(nn.Module):
+    """Per budget point, the logit cut that makes the deterministic policy meet that mean budget.
+
+    Args:
+        budgets: the budget points, ascending (one point for a policy trained for one budget).
+        momentum: weight of each new batch in the moving average of a point's cut.
+    """
+
+    def __init__(self, budgets: Sequence[float], momentum: float = 0.25) -> None:
+        super().__init__()
+        values = [float(b) for b in budgets]
+        if not values or values != sorted(set(values)):
+            raise ValueError(f"budget points {values} must be distinct and ascending")
+        self.momentum = float(momentum)
+        self.register_buffer("budgets", torch.tensor(values))
+        self.register_buffer("cuts", torch.zeros(len(values)))
+        self.register_buffer("counts", torch.zeros(len(values), dtype=torch.long))
+
+    @property
+    def range(self) -> tuple[float, float]:
+        """Lowest and highest budget the policy was trained for."""
+        return float(self.budgets[0]), float(self.budgets[-1])
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether every point has seen at least one training batch."""
+        return bool((self.counts > 0).all())
+
+    def check(self, budget: float, setting: str = "target_fraction") -> float:
+        """``budget`` if the policy was trained for it, else a ValueError naming the trained range."""
+        lo, hi = self.range
+        if not lo - 1e-6 <= float(budget) <= hi + 1e-6:
+            trained = f"[{lo:g}, {hi:g}]" if hi > lo else f"{lo:g} only"
+            raise ValueError(
+                f"{setting}={float(budget):g}: this policy was trained for budgets {trained}; "
+                "train a budget-conditioned policy (model.init_args.budgets: [lowest, highest]) to serve others"
+            )
+        return float(budget)
+
+    def cut(self, budget: Tensor) -> Tensor:
+        """``(B,)`` logit cuts for ``(B,)`` budgets, linearly interpolated between points.
+
+        Points never calibrated cut at logit 0 (p = 0.5), the untrained policy's natural threshold.
+        """
+        cuts = torch.where(self.counts > 0, self.cuts, torch.zeros_like(self.cuts))
+        if cuts.numel() == 1:
+            return cuts.expand(budget.shape).to(budget.device)
+        b = budget.float().clamp(self.budgets[0], self.budgets[-1])
+        hi = torch.searchsorted(self.budgets, b).clamp(1, cuts.numel() - 1)
+        lo = hi - 1
+        w = (b - self.budgets[lo]) / (self.budgets[hi] - self.budgets[lo])
+        return cuts[lo] + w * (cuts[hi] - cuts[lo])
+
+    def index(self, budget: float) -> int:
+        """The point nearest to ``budget``."""
+        return int((self.budgets - float(budget)).abs().argmin())
+
+    @torch.no_grad()
+    def update(self, point: int, cut: float, reduce: Callable[[Tensor], Tensor] | None = None) -> None:
+        """Move point ``point``'s cut towards a batch's exact cut (its mean over ranks under DDP)."""
+        value = self._reduced(cut, reduce)
+        weight = 1.0 if int(self.counts[point]) == 0 else self.momentum
+        self.cuts[point] += weight * (value - self.cuts[point])
+        self.counts[point] += 1
+
+    @torch.no_grad()
+    def set(self, point: int, cut: float, reduce: Callable[[Tensor], Tensor] | None = None) -> None:
+        """Set point ``point``'s cut (computed on a whole calibration sample; mean over ranks)."""
+        self.cuts[point] = self._reduced(cut, reduce)
+        self.counts[point] += 1
+
+    def _reduced(self, cut: float, reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
+        value = torch.tensor(float(cut), device=self.cuts.device)
+        return reduce(value) if reduce is not None else value

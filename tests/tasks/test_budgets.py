@@ -1,0 +1,137 @@
+"""Token budgets on a trained task: one conditioned policy at several budgets, budgets changed from the
+command line, the hard cap, refusals, and `splitlab curve`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from splitlab.cli import lightning_main
+from splitlab.commands import run
+from tests.helpers import fit, schedule_args, tiny_args
+
+
+@pytest.fixture(scope="module")
+def conditioned(shapes_root, tmp_path_factory):
+    """A tiny budget-conditioned run (budgets 0.3-0.7, deployed at 0.5), evaluated at 0.3 too."""
+    out = tmp_path_factory.mktemp("conditioned")
+    fit(shapes_root, out, *schedule_args(1, 1), "--model.init_args.eval_budgets=[0.3]")
+    return out
+
+
+def summary_of(command: str, shapes_root, ckpt, out, *extra: str) -> dict:
+    lightning_main([command, *tiny_args(shapes_root, out, *extra), f"--ckpt_path={ckpt}"])
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_one_policy_serves_several_budgets(conditioned) -> None:
+    record = json.loads((conditioned / "summary.json").read_text())
+    rows = record["policies"]
+    assert set(rows) == {
+        "learned",
+        "uniform",
+        "random",
+        "entropy",
+        "learned@0.3",
+        "random@0.3",
+        "entropy@0.3",
+    }
+    assert rows["learned@0.3"]["token_fraction_mean"] < rows["learned"]["token_fraction_mean"]
+    # each baseline row is evaluated at the learned policy's realised fraction of its budget
+    for suffix in ("", "@0.3"):
+        learned = rows["learned" + suffix]["token_fraction_mean"]
+        assert rows["entropy" + suffix]["token_fraction_mean"] == pytest.approx(learned, abs=0.03)
+
+
+def test_the_budget_given_at_validate_takes_effect(conditioned, shapes_root, tmp_path) -> None:
+    ckpt = conditioned / "checkpoints" / "last.ckpt"
+    at_half = summary_of("validate", shapes_root, ckpt, tmp_path / "a")
+    lower = summary_of(
+        "validate", shapes_root, ckpt, tmp_path / "b", "--model.init_args.target_fraction=0.35"
+    )
+    assert at_half["target_fraction"] == 0.5 and lower["target_fraction"] == 0.35
+    assert (
+        lower["policies"]["learned"]["token_fraction_mean"]
+        < at_half["policies"]["learned"]["token_fraction_mean"]
+    )
+    with pytest.raises(
+        ValueError, match=r"target_fraction=0.9: this policy was trained for budgets \[0.3, 0.7\]"
+    ):
+        summary_of("validate", shapes_root, ckpt, tmp_path / "c", "--model.init_args.target_fraction=0.9")
+
+
+def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path) -> None:
+    ckpt = conditioned / "checkpoints" / "last.ckpt"
+    capped = summary_of("test", shapes_root, ckpt, tmp_path, "--model.init_args.max_fraction=0.3")
+    assert capped["policies"]["learned"]["token_fraction_max"] <= 0.3
+
+
+def test_an_unconditioned_policy_refuses_another_budget(shapes_root, tmp_path) -> None:
+    single = ["--model.init_args.budgets=null"]
+    fit(shapes_root, tmp_path / "run", *schedule_args(1, 0), *single)
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    with pytest.raises(ValueError, match="the checkpoint's policy was trained for budgets 0.5 only"):
+        summary_of(
+            "validate", shapes_root, ckpt, tmp_path / "v", *single, "--model.init_args.target_fraction=0.3"
+        )
+
+
+def test_a_resumed_fit_refuses_changed_training_settings(conditioned, shapes_root, tmp_path) -> None:
+    ckpt = conditioned / "checkpoints" / "last.ckpt"
+    with pytest.raises(ValueError, match=r"cannot change now: lr: checkpoint 0.0005, given 0.002"):
+        fit(shapes_root, tmp_path, *schedule_args(1, 2), "--model.init_args.lr=0.002", f"--ckpt_path={ckpt}")
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "--model.init_args.budgets=[0.01,0.5]",
+            r"budgets=0.01 is outside the range levels=\(32, 16, 8\) can reach",
+        ),
+        ("--model.init_args.max_fraction=0.05", r"max_fraction=0.05 is outside the range"),
+        (
+            "--model.init_args.eval_budgets=[0.9]",
+            r"eval_budgets=0.9: this policy was trained for budgets \[0.3, 0.7\]",
+        ),
+        (
+            "--model.init_args.target_fraction=0.8",
+            r"target_fraction=0.8: this policy was trained for budgets",
+        ),
+        ("--model.init_args.budgets=[0.7,0.3]", "the lowest budget must be below the highest"),
+    ],
+)
+def test_bad_budget_settings_are_refused(shapes_root, tmp_path, setting, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        fit(shapes_root, tmp_path, setting)
+
+
+def test_curve_of_a_run(conditioned, shapes_root, tmp_path) -> None:
+    out = tmp_path / "curve"
+    args = ["curve", str(conditioned), "--fractions", "0.35,0.6", "--out", str(out)]
+    assert run([*args, f"--data.init_args.root={shapes_root}", "--trainer.enable_progress_bar=false"]) == 0
+    record = json.loads((out / "curve.json").read_text())
+    assert record["task"] == "classification" and record["metric"] == "top1"
+    assert [p["target"] for p in record["points"]] == [0.35, 0.6]
+    for point in record["points"]:
+        assert set(point["policies"]) == {"learned", "random", "entropy", "uniform"}
+        assert set(point["policies"]["learned"]) == {
+            "metric",
+            "token_fraction_mean",
+            "token_fraction_max",
+            "images_per_second",
+        }
+    low, high = (p["policies"]["learned"]["token_fraction_mean"] for p in record["points"])
+    assert low < high
+    assert (out / "curve.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("fractions", "message"),
+    [("", "give at least one fraction"), ("0.3,1.5", r"fractions \[1.5\] lie outside")],
+)
+def test_curve_refuses_bad_fractions(conditioned, capsys, fractions, message) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        run(["curve", str(conditioned), "--fractions", fractions])
+    assert exit_.value.code == 2 and message.replace("\\", "") in capsys.readouterr().err.replace("\\", "")

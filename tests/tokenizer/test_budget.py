@@ -1,0 +1,141 @@
+"""Token budgets: budget points, calibrated operating points, the hard per-image cap, conditioning."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitlab.tokenizer import (
+    OperatingPoints,
+    SplitTokenizer,
+    budget_points,
+    calibrate_threshold,
+    cap_splits,
+    count_tokens,
+    leaf_masks,
+)
+
+
+def test_budget_points_span_the_range() -> None:
+    assert budget_points([0.3, 0.7]) == pytest.approx([0.3, 0.4, 0.5, 0.6, 0.7])
+    assert budget_points([0.3, 0.75], step=0.2) == pytest.approx([0.3, 0.5, 0.7, 0.75])
+    with pytest.raises(ValueError, match=r"budgets=\[0.5\]: give the range as \[lowest, highest\]"):
+        budget_points([0.5])
+    with pytest.raises(ValueError, match="the lowest budget must be below the highest"):
+        budget_points([0.7, 0.3])
+    with pytest.raises(ValueError, match="budget_step=0 must be positive"):
+        budget_points([0.3, 0.7], step=0)
+
+
+def test_operating_points_interpolate_and_name_the_trained_range() -> None:
+    points = OperatingPoints([0.3, 0.5, 0.7], momentum=0.5)
+    budgets = torch.tensor([0.3, 0.4, 0.7])
+    assert torch.equal(points.cut(budgets), torch.zeros(3))  # never calibrated: p > 0.5
+    points.update(0, 2.0)
+    points.update(1, 1.0)
+    points.update(2, -1.0)
+    assert points.calibrated
+    assert points.cut(budgets).tolist() == pytest.approx([2.0, 1.5, -1.0])
+    points.update(1, 3.0)  # moving average: half way
+    assert float(points.cuts[1]) == pytest.approx(2.0)
+    points.update(1, 4.0, reduce=lambda t: t * 0 + 2.0)  # the cross-rank mean is what counts
+    assert float(points.cuts[1]) == pytest.approx(2.0)
+    assert points.check(0.45) == 0.45
+    with pytest.raises(
+        ValueError, match=r"target_fraction=0.8: this policy was trained for budgets \[0.3, 0.7\]"
+    ):
+        points.check(0.8)
+    with pytest.raises(ValueError, match="eval_budgets=0.2: this policy was trained for budgets 0.5 only"):
+        OperatingPoints([0.5]).check(0.2, "eval_budgets")
+
+
+@st.composite
+def capped(draw):
+    num_levels = draw(st.integers(2, 4))
+    rows, cols = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    batch = draw(st.integers(1, 4))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    grids = [(rows * 2**k, cols * 2**k) for k in range(num_levels - 1)]
+    rate = draw(st.floats(0.0, 1.0))
+    decisions = [torch.rand(batch, h, w, generator=gen) < rate for h, w in grids]
+    priority = [torch.randn(batch, h, w, generator=gen).round(decimals=1) for h, w in grids]  # ties too
+    coarse = rows * cols
+    max_tokens = draw(st.integers(coarse, coarse * 4 ** (num_levels - 1)))
+    return decisions, priority, max_tokens
+
+
+@settings(max_examples=80, deadline=None)
+@given(capped())
+def test_the_cap_always_holds_and_keeps_a_valid_tree_most_confident_first(case) -> None:
+    decisions, priority, max_tokens = case
+    _, candidates = leaf_masks(decisions, ())
+    taken = [d & c for d, c in zip(decisions, candidates, strict=True)]
+    kept = cap_splits(decisions, priority, max_tokens)
+    tokens = count_tokens(kept)
+    assert int(tokens.max()) <= max_tokens  # never exceeded
+    _, kept_candidates = leaf_masks(kept, ())
+    for k, cand, was in zip(kept, kept_candidates, taken, strict=True):
+        assert not (k & ~was).any()  # only splits the policy took
+        assert not (k & ~cand).any()  # parents before children: every kept split is reachable
+    # nothing is dropped while the image is under its cap by a whole split (3 tokens)
+    dropped_somewhere = torch.stack(
+        [(w & ~k).flatten(1).any(1) for w, k in zip(taken, kept, strict=True)]
+    ).any(0)
+    assert torch.all(~dropped_somewhere | (tokens > max_tokens - 3))
+    uncapped = count_tokens(taken)
+    assert torch.equal(tokens[uncapped <= max_tokens], uncapped[uncapped <= max_tokens])
+
+
+def test_the_cap_drops_the_least_confident_split_first() -> None:
+    decisions = [torch.ones(1, 1, 2, dtype=torch.bool), torch.ones(1, 2, 4, dtype=torch.bool)]
+    priority = [torch.tensor([[[5.0, 1.0]]]), torch.tensor([[[4.0, 3.0, 9.0, 9.0], [2.0, 0.5, 9.0, 9.0]]])]
+    # 2 coarse tokens, each split adds 3. Effective priorities: parent A 5, its children 4 3 2 0.5;
+    # parent B 1, its children 9 capped by B to 1 (ties go to the coarser level: B first).
+    kept = cap_splits(decisions, priority, 11)  # 3 splits: A, then A's two best children
+    assert kept[0].tolist() == [[[True, False]]]
+    assert kept[1].tolist() == [[[True, True, False, False], [False, False, False, False]]]
+    kept = cap_splits(decisions, priority, 17)  # 5 splits: A, 4, 3, 2, then B (before its children)
+    assert kept[0].tolist() == [[[True, True]]]
+    assert kept[1].tolist() == [[[True, True, False, False], [True, False, False, False]]]
+    with pytest.raises(ValueError, match="max_tokens=1 is below the 2 tokens of the all-coarse layout"):
+        cap_splits(decisions, priority, 1)
+
+
+def test_threshold_mode_meets_the_calibrated_budget(tiny_vit) -> None:
+    tok = SplitTokenizer(
+        tiny_vit.embed_dim, (64, 32, 16), decision_dim=32, decision_heads=2, budgets=[0.5]
+    ).eval()
+    torch.nn.init.normal_(tok.decision.mlp.fc2.weight, std=1.0)
+    x = torch.randn(32, 3, 64, 64)
+    with torch.no_grad():
+        tokens, _ = tok.embed(x, tiny_vit)
+        tok.operating_points.update(0, calibrate_threshold(tok.decision_logits(tokens), 0.5))
+        layout = tok(x, tiny_vit)
+        at_half = tok(x, tiny_vit, threshold=0.5)
+    assert float(layout.fraction.mean()) == pytest.approx(0.5, abs=0.03)
+    assert not torch.equal(layout.fraction, at_half.fraction)  # the cut, not p > 0.5, decides
+    with torch.no_grad():
+        capped = tok(x, tiny_vit, max_tokens=8)
+    assert max(capped.seqlens) <= 8
+
+
+def test_a_budget_conditioned_policy_reads_the_budget(tiny_vit) -> None:
+    tok = SplitTokenizer(
+        tiny_vit.embed_dim, (64, 32, 16), decision_dim=32, decision_heads=2, budgets=[0.3, 0.5, 0.7]
+    )
+    x = torch.randn(4, 3, 64, 64)
+    with torch.no_grad():
+        tokens, _ = tok.embed(x, tiny_vit)
+        low, high = tok.decision_logits(tokens, 0.3), tok.decision_logits(tokens, 0.7)
+        assert all(torch.equal(a, b) for a, b in zip(low, high, strict=True))  # zero-initialised FiLM
+        torch.nn.init.normal_(tok.decision.budget_film[-1].weight)
+        low, high = tok.decision_logits(tokens, 0.3), tok.decision_logits(tokens, 0.7)
+        assert not torch.equal(low[1], high[1])
+        per_image = tok.decision_logits(tokens, torch.tensor([0.3, 0.7, 0.3, 0.7]))
+        assert torch.allclose(per_image[1][0], low[1][0]) and torch.allclose(per_image[1][1], high[1][1])
+    with pytest.raises(ValueError, match=r"this policy serves budgets \[0.3, 0.7\]: pass the budget to use"):
+        tok(x, tiny_vit)
+    with pytest.raises(ValueError, match=r"budgets=1.5 is outside the range"):
+        SplitTokenizer(tiny_vit.embed_dim, (64, 32, 16), budgets=[0.5, 1.5])
