@@ -68,3 +68,16 @@ def test_segmentation_regression(runs, capsys) -> None:
         )
     assert learned["object_fine_coverage"] >= entropy["object_fine_coverage"] + 0.10
     assert learned["miou"] >= random["miou"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["ade20k", "coco"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_dense_twins_meet_the_budget_across_seeds(tmp_path, task, seed, capsys) -> None:
+    record = run_pipeline(tmp_path / task, seed=seed, quiet=True, task=task)
+    learned = _row(record, "learned")
+    with capsys.disabled():
+        print(
+            f"\n{task} seed {seed}: learned {learned['metric']:.3f} at fraction {learned['token_fraction_mean']:.3f}"
+        )
+    assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
