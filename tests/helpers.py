@@ -145,13 +145,14 @@ class RankProbe(Callback):
 
 
 class SignalAt(Callback):
-    """Sends SLURM's requeue signal (SIGUSR1) to this process at one batch of one epoch, on rank 0 only."""
+    """Sends a signal (SLURM's requeue signal SIGUSR1 by default) to this process at one batch of one
+    epoch, on rank 0 only."""
 
-    def __init__(self, epoch: int, batch: int) -> None:
-        self.epoch, self.batch = epoch, batch
+    def __init__(self, epoch: int, batch: int, signal_name: str = "SIGUSR1") -> None:
+        self.epoch, self.batch, self.signal_name = epoch, batch, signal_name
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.current_epoch == self.epoch and batch_idx == self.batch and trainer.global_rank == 0:
             import signal
 
-            os.kill(os.getpid(), signal.SIGUSR1)
+            os.kill(os.getpid(), getattr(signal, self.signal_name))

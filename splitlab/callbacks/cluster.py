@@ -9,9 +9,10 @@ import subprocess
 import warnings
 from typing import Any
 
-import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from splitlab.callbacks.safety import GracefulStop
 
 
 def _train_loaders(trainer: Trainer) -> list[Any]:
@@ -55,48 +56,32 @@ class ResumePosition(Callback):
                 )
 
 
-class SlurmRequeue(Callback):
+class SlurmRequeue(GracefulStop):
     """Checkpoint and requeue when SLURM signals the end of the time slot (``#SBATCH --signal=SIGUSR1@90``).
 
     Lightning's own handler saves from inside the signal handler, i.e. at whatever instruction the
     signal interrupts: under manual optimisation that can be half-way through PPO's K updates, or
-    between two ranks' collectives. Here the handler only raises a flag; at the end of the batch
-    the ranks agree (a max all-reduce, so one signalled rank suffices), every rank takes part in
-    ``trainer.save_checkpoint`` to ``default_root_dir/hpc_ckpt_N.ckpt`` (where Lightning looks
-    when the requeued job starts under SLURM), rank 0 runs ``scontrol requeue``, and training
-    stops. Registering the handler in ``setup`` keeps Lightning from installing its own.
+    between two ranks' collectives. As for any `GracefulStop`, the handler only raises a flag;
+    at the end of the batch the ranks agree, every rank takes part in ``trainer.save_checkpoint``
+    to ``default_root_dir/hpc_ckpt_N.ckpt`` (where Lightning looks when the requeued job starts
+    under SLURM), rank 0 runs ``scontrol requeue``, and training stops (exit 0: the job goes on
+    after the requeue). Registering the handler in ``setup`` keeps Lightning from installing its own.
 
     Args:
         signal_name: the signal SLURM sends (``--signal``), SIGUSR1 by default.
     """
 
+    register_at_setup = True
+
     def __init__(self, signal_name: str = "SIGUSR1") -> None:
         if not hasattr(signal, signal_name):
             raise ValueError(f"signal_name={signal_name!r} is not a signal of this platform")
-        self.signum = getattr(signal, signal_name)
-        self.requested = False
-        self.checkpoint: str | None = None
-        self._previous: Any = None
+        super().__init__((signal_name,))
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit":
-            self._previous = signal.signal(self.signum, self._handler)
+    def checkpoint_path(self, trainer: Trainer) -> str:
+        return trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
 
-    def _handler(self, signum: int, frame: Any) -> None:
-        self.requested = True
-
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if trainer.world_size == 1:
-            if not self.requested:  # one process: no agreement (and no device sync) needed
-                return
-        else:
-            flag = torch.tensor(float(self.requested), device=pl_module.device)
-            if trainer.strategy.reduce(flag, reduce_op="max").item() <= 0:
-                return
-        self.checkpoint = trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
-        trainer.save_checkpoint(self.checkpoint)
+    def after_checkpoint(self, trainer: Trainer, signum: int) -> None:
         rank_zero_info(f"splitlab: SLURM requeue signal: saved {self.checkpoint}")
         if trainer.is_global_zero:
             job = os.environ.get("SLURM_ARRAY_JOB_ID")
@@ -106,9 +91,3 @@ class SlurmRequeue(Callback):
                 rank_zero_info(f"splitlab: scontrol requeue {job} -> {result}")
             else:
                 rank_zero_warn("SLURM requeue signal outside a SLURM job (no SLURM_JOB_ID): not requeued")
-        self.requested = False
-        trainer.should_stop = True
-
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit" and self._previous is not None:
-            signal.signal(self.signum, self._previous)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from splitlab.backbone import PackedViT, backbone_flops
+from splitlab.commands.arguments import count, fraction, positive_int
 from splitlab.tokenizer import Levels, SplitTokenizer, build_layout, calibrate_threshold
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -292,21 +293,21 @@ def format_bench(r: dict[str, Any]) -> str:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="SPLIT throughput against timm's uniform grid on the same batch")
     p.add_argument("--model", default="vit_base_patch16_224", help="timm model name (random init)")
-    p.add_argument("--img-size", type=int, default=None, help="image side (default: the model's)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--img-size", type=positive_int, default=None, help="image side (default: the model's)")
+    p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument(
         "--dtype", default="float32", choices=sorted(DTYPES), help="autocast dtype (float32: none)"
     )
     p.add_argument("--device", default="cpu")
-    p.add_argument("--levels", type=int, nargs="+", default=None, help="patch sizes coarse to fine")
+    p.add_argument("--levels", type=positive_int, nargs="+", default=None, help="patch sizes coarse to fine")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--ckpt", default=None, help="a trained SPLIT checkpoint (its policy decides)")
     source.add_argument(
-        "--fraction", type=float, default=None, help="token fraction of a calibrated layout (default 0.7)"
+        "--fraction", type=fraction, default=None, help="token fraction of a calibrated layout (default 0.7)"
     )
     p.add_argument("--images", default=None, help="a folder of images to use instead of random noise")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=count, default=2)
+    p.add_argument("--iters", type=positive_int, default=5)
     p.add_argument("--attn-backend", default="auto")
     p.add_argument("--compile", action="store_true", help="torch.compile the blocks (dynamic shapes)")
     p.add_argument("--json", default=None, help="also write the numbers to this file")

@@ -13,23 +13,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from splitlab.commands.arguments import fraction_list
 from splitlab.report import curve_record, plot_curve
-
-
-def fraction_list(text: str) -> list[float]:
-    """``"0.3,0.5,0.7"`` -> ``[0.3, 0.5, 0.7]`` (argparse type: errors become one usage line)."""
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected comma-separated fractions, e.g. 0.3,0.5,0.7"
-        ) from err
-    if not values:
-        raise argparse.ArgumentTypeError("give at least one fraction, e.g. --fractions 0.3,0.5,0.7")
-    bad = [v for v in values if not 0.0 < v <= 1.0]
-    if bad:
-        raise argparse.ArgumentTypeError(f"fractions {bad} lie outside (0, 1]")
-    return values
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from splitlab.commands.arguments import positive_int
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     data = sub.add_parser("data", help="write small datasets in the real formats")
@@ -12,22 +14,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "shapes", help="ImageFolder (or HF) classification set whose class lives in fine detail"
     )
     shapes.add_argument("--out", required=True, help="output directory")
-    shapes.add_argument("--image-size", type=int, default=64)
-    shapes.add_argument("--train", type=int, default=600, help="training images per class")
-    shapes.add_argument("--val", type=int, default=150, help="validation images per class")
-    shapes.add_argument("--test", type=int, default=150, help="test images per class")
+    shapes.add_argument("--image-size", type=positive_int, default=64)
+    shapes.add_argument("--train", type=positive_int, default=600, help="training images per class")
+    shapes.add_argument("--val", type=positive_int, default=150, help="validation images per class")
+    shapes.add_argument("--test", type=positive_int, default=150, help="test images per class")
     shapes.add_argument("--seed", type=int, default=0)
     shapes.add_argument("--format", choices=("imagefolder", "hf"), default="imagefolder")
-    shapes.add_argument("--detail", type=int, default=2, help="pattern feature width in pixels")
+    shapes.add_argument("--detail", type=positive_int, default=2, help="pattern feature width in pixels")
     for name, help_ in (
         ("ade20k", "ADE20K-layout segmentation scenes"),
         ("coco", "COCO-format detection scenes (instances JSON)"),
     ):
         scenes = kinds.add_parser(name, help=help_)
         scenes.add_argument("--out", required=True, help="output directory")
-        scenes.add_argument("--image-size", type=int, default=128)
-        scenes.add_argument("--train", type=int, default=400, help="training images")
-        scenes.add_argument("--val", type=int, default=100, help="validation images")
+        scenes.add_argument("--image-size", type=positive_int, default=128)
+        scenes.add_argument("--train", type=positive_int, default=400, help="training images")
+        scenes.add_argument("--val", type=positive_int, default=100, help="validation images")
         scenes.add_argument("--seed", type=int, default=0)
 
 

@@ -36,6 +36,7 @@ class ImageClassificationData(SplitDataModule):
         scale: random-resized-crop scale range.
         batch_size, num_workers: loader settings.
         shuffle_seed: seed of the epoch shuffles.
+        strict: stop at the first unreadable image instead of skipping and counting it.
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class ImageClassificationData(SplitDataModule):
         batch_size: int = 64,
         num_workers: int = 4,
         shuffle_seed: int = 0,
+        strict: bool = False,
     ) -> None:
         super().__init__()
         if (root is None) == (hf_dataset is None):
@@ -107,7 +109,7 @@ class ImageClassificationData(SplitDataModule):
                     f"data.root={hp.root!r}: {name}/ has classes {dataset.classes}, train/ has {self.classes}"
                 )
             self.classes = self.classes or list(dataset.classes)
-            return SkipCorrupt(dataset, lambda i, ds=dataset: ds.samples[i][0])
+            return SkipCorrupt(dataset, lambda i, ds=dataset: ds.samples[i][0], hp.strict)
         splits = self.hf_splits()
         if name in splits and not self.classes:
             self.classes = list(getattr(splits[name].features.get(hp.label_column), "names", None) or [])

@@ -3,6 +3,7 @@ Face splits, padding."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -42,18 +43,35 @@ class ResumableSampler(DistributedSampler):
         return iter(indices[skip:])
 
 
-class SkipCorrupt(Dataset):
-    """Wraps a dataset whose items may fail to decode: warn naming the file, serve the next item.
+class BadSample(ValueError):
+    """A sample that cannot be used as the settings say (a label above ``num_classes``, a mask whose size
+    differs from its image): skipped and counted like an unreadable image unless ``strict``."""
 
-    Skipping (rather than stopping) keeps a long run alive on one bad file among millions; the
-    warning names the file so it can be fixed, and ``skipped`` counts them.
+
+class SkipCorrupt(Dataset):
+    """Wraps a dataset whose items may fail: warn naming the file, count it, serve the next item.
+
+    Skipping (rather than stopping) keeps a long run alive on one bad file among millions: the
+    warning names the file so it can be fixed, the count is reported at the end of each epoch
+    (`splitlab.callbacks.SkippedSamples`), and ``strict`` turns it into an error at the first one.
+    The count lives in shared memory, so samples skipped in DataLoader workers count too.
+
+    Args:
+        dataset: the wrapped dataset.
+        describe: index -> the file (or row) to name in messages.
+        strict: raise at the first bad sample instead of skipping it.
+        max_skips: consecutive bad samples after which the data is considered broken.
     """
 
-    def __init__(self, dataset: Any, describe: Callable[[int], str], max_skips: int = 16) -> None:
+    def __init__(
+        self, dataset: Any, describe: Callable[[int], str], strict: bool = False, max_skips: int = 16
+    ) -> None:
         self.dataset = dataset
         self.describe = describe
+        self.strict = strict
         self.max_skips = max_skips
         self.skipped: set[int] = set()
+        self.count = mp.Value("i", 0)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -63,14 +81,29 @@ class SkipCorrupt(Dataset):
             i = (index + attempt) % len(self.dataset)
             try:
                 return self.dataset[i]
-            except (
-                OSError,
-                SyntaxError,
-            ) as err:  # PIL's errors for unreadable images (bad labels still raise)
+            except (OSError, SyntaxError, BadSample) as err:  # PIL's errors for unreadable images, bad labels
+                if self.strict:
+                    raise BadSample(f"{self.describe(i)}: {err} (data.init_args.strict=true)") from None
+                with self.count.get_lock():
+                    self.count.value += 1
                 if i not in self.skipped:
                     self.skipped.add(i)
-                    warnings.warn(f"skipping corrupt image {self.describe(i)}: {err}", stacklevel=2)
-        raise RuntimeError(f"{self.max_skips + 1} consecutive unreadable images from {self.describe(index)}")
+                    warnings.warn(f"skipping {self.describe(i)}: {err}", stacklevel=2)
+        raise RuntimeError(f"{self.max_skips + 1} consecutive unusable samples from {self.describe(index)}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # forked DataLoader workers share the counter; spawned ones (pickled) count on their own
+        return {**self.__dict__, "count": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.count = mp.Value("i", 0)
+
+    def take_count(self) -> int:
+        """Samples skipped since the last call."""
+        with self.count.get_lock():
+            value, self.count.value = self.count.value, 0
+        return value
 
 
 class PadTo(v2.Transform):
@@ -161,7 +194,16 @@ class SplitDataModule(LightningDataModule):
         if name not in splits:
             return None
         rows = HFRows(splits[name], columns, convert, f"data.hf_dataset={self.hparams.hf_dataset!r}[{name}]")
-        return SkipCorrupt(rows, lambda i: f"{rows.name}[{i}]")
+        return SkipCorrupt(rows, lambda i: f"{rows.name}[{i}]", self.hparams.get("strict", False))
+
+    def skipped_report(self) -> str | None:
+        """How many samples were skipped since the last report, or None."""
+        counts = {key: ds.take_count() for key, ds in self.datasets.items() if isinstance(ds, SkipCorrupt)}
+        counts = {key: n for key, n in counts.items() if n}
+        if not counts:
+            return None
+        listing = ", ".join(f"{n} in {key}" for key, n in counts.items())
+        return f"skipped {sum(counts.values())} read(s) of unusable samples ({listing}); the warnings above name the files"
 
     def _loader(self, key: str, shuffle: bool) -> DataLoader:
         hp, dataset = self.hparams, self.datasets[key]

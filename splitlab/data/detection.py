@@ -17,6 +17,23 @@ from torchvision.transforms import v2
 from splitlab.data.common import PadTo, SkipCorrupt, SplitDataModule, require_dir
 
 
+def check_ids(coco: Any, annotations: Path) -> None:
+    """Every annotation names an image and a category of the file (checked before training)."""
+    anns = coco.dataset.get("annotations", [])
+    orphans = [a for a in anns if a.get("image_id") not in coco.imgs]
+    if orphans:
+        raise ValueError(
+            f"{annotations}: {len(orphans)} annotation(s) name an image_id that is not among the images, "
+            f"e.g. annotation id {orphans[0].get('id')} with image_id {orphans[0].get('image_id')}"
+        )
+    unknown = [a for a in anns if a.get("category_id") not in coco.cats]
+    if unknown:
+        raise ValueError(
+            f"{annotations}: {len(unknown)} annotation(s) name a category_id that is not among the categories "
+            f"{sorted(coco.cats)}, e.g. annotation id {unknown[0].get('id')} with category_id {unknown[0].get('category_id')}"
+        )
+
+
 def load_coco(annotations: Path, images: Path) -> tuple[Any, list[int], dict[int, int], int]:
     """Read and check a COCO instances file.
 
@@ -44,6 +61,7 @@ def load_coco(annotations: Path, images: Path) -> tuple[Any, list[int], dict[int
         raise FileNotFoundError(
             f"{annotations} names {len(missing)} image(s) missing from {images}, e.g. {missing[0]}"
         )
+    check_ids(coco, annotations)
     dropped = 0
     for ann in coco.dataset.get("annotations", []):
         img = coco.imgs[ann["image_id"]]
@@ -138,6 +156,7 @@ class CocoDetectionData(SplitDataModule):
         masks: load instance masks (Mask R-CNN).
         mean, std: normalisation (the backbone's).
         batch_size, num_workers, shuffle_seed: loader settings.
+        strict: stop at the first unreadable image instead of skipping and counting it.
     """
 
     def __init__(
@@ -154,6 +173,7 @@ class CocoDetectionData(SplitDataModule):
         batch_size: int = 2,
         num_workers: int = 4,
         shuffle_seed: int = 0,
+        strict: bool = False,
     ) -> None:
         super().__init__()
         require_dir(root, "data.root")
@@ -168,7 +188,7 @@ class CocoDetectionData(SplitDataModule):
         ds = CocoDetection(
             folder, root / annotations, _Letterbox(hp.img_size, self.mean, self.std, training), hp.masks
         )
-        return SkipCorrupt(ds, lambda i: str(folder / ds.coco.imgs[ds.ids[i]]["file_name"]))
+        return SkipCorrupt(ds, lambda i: str(folder / ds.coco.imgs[ds.ids[i]]["file_name"]), hp.strict)
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
@@ -181,4 +201,5 @@ class CocoDetectionData(SplitDataModule):
 
     @property
     def num_classes(self) -> int:
-        return len(self.datasets["val"].dataset.categories)
+        """Object categories of the training annotations (those of the validation file before ``fit``)."""
+        return len(self.datasets.get("train", self.datasets["val"]).dataset.categories)

@@ -19,8 +19,9 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
+from tqdm.auto import tqdm
 
-from splitlab.data.common import PadTo, SkipCorrupt, SplitDataModule, require_dir
+from splitlab.data.common import BadSample, PadTo, SkipCorrupt, SplitDataModule, require_dir
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -36,6 +37,7 @@ class SegmentationFolder(Dataset):
         ignore_index: int,
         transform: Any,
         reduce_zero_label: bool = True,
+        checked_labels: int = 16,
     ) -> None:
         files = sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
@@ -51,6 +53,29 @@ class SegmentationFolder(Dataset):
             )
         self.num_classes, self.ignore_index = num_classes, ignore_index
         self.transform, self.reduce_zero_label = transform, reduce_zero_label
+        self.check(checked_labels)
+
+    def check(self, labelled: int) -> None:
+        """Before training: every mask has its image's size (headers only, cheap), and the first
+        ``labelled`` masks hold only labels below ``num_classes``. Later bad masks are skipped and
+        counted (`BadSample`), so one bad file among thousands cannot stop a long run."""
+        pairs = self.pairs
+        progress = tqdm(pairs, desc=f"checking {len(pairs)} masks", disable=len(pairs) < 2000, leave=False)
+        for image_path, ann_path in progress:
+            with Image.open(image_path) as image, Image.open(ann_path) as mask:
+                if image.size != mask.size:
+                    raise ValueError(
+                        f"annotation {ann_path}: size {mask.size[1]}x{mask.size[0]} differs from its image "
+                        f"{image_path.name} ({image.size[1]}x{image.size[0]})"
+                    )
+        for _, ann_path in pairs[:labelled]:
+            labels(
+                np.asarray(Image.open(ann_path)),
+                self.num_classes,
+                self.ignore_index,
+                self.reduce_zero_label,
+                str(ann_path),
+            )
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -70,6 +95,24 @@ class SegmentationFolder(Dataset):
         )
 
 
+def labels(
+    raw: np.ndarray, num_classes: int, ignore_index: int, reduce_zero_label: bool, name: str
+) -> torch.Tensor:
+    """Raw annotation values -> class indices (``ignore_index`` for unlabelled), checked against ``num_classes``."""
+    if raw.ndim != 2:
+        raise BadSample(f"annotation {name}: expected a single-channel index PNG, got shape {raw.shape}")
+    classes = torch.from_numpy(raw.astype(np.int64))
+    if reduce_zero_label:
+        classes = torch.where(classes == 0, ignore_index, classes - 1)
+    bad = (classes != ignore_index) & ((classes < 0) | (classes >= num_classes))
+    if bad.any():
+        top = int(classes[bad].max()) + (1 if reduce_zero_label else 0)
+        raise BadSample(
+            f"annotation {name}: label value {top} is above num_classes={num_classes} (data.init_args.num_classes)"
+        )
+    return classes
+
+
 def encode(
     image: Image.Image,
     raw: np.ndarray,
@@ -80,20 +123,12 @@ def encode(
     name: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Map raw annotation values to classes, check them, transform image and mask together."""
-    if raw.ndim != 2:
-        raise ValueError(f"annotation {name}: expected a single-channel index PNG, got shape {raw.shape}")
-    labels = torch.from_numpy(raw.astype(np.int64))
-    if reduce_zero_label:
-        labels = torch.where(labels == 0, ignore_index, labels - 1)
-    bad = (labels != ignore_index) & ((labels < 0) | (labels >= num_classes))
-    if bad.any():
-        top = int(labels[bad].max()) + (1 if reduce_zero_label else 0)
-        raise ValueError(f"annotation {name}: label value {top} is above num_classes={num_classes}")
-    if labels.shape != (image.height, image.width):
-        raise ValueError(
-            f"annotation {name}: size {tuple(labels.shape)} differs from its image ({image.height}, {image.width})"
+    classes = labels(raw, num_classes, ignore_index, reduce_zero_label, name)
+    if classes.shape != (image.height, image.width):
+        raise BadSample(
+            f"annotation {name}: size {tuple(classes.shape)} differs from its image ({image.height}, {image.width})"
         )
-    img, mask = transform(tv_tensors.Image(v2.functional.pil_to_tensor(image)), tv_tensors.Mask(labels))
+    img, mask = transform(tv_tensors.Image(v2.functional.pil_to_tensor(image)), tv_tensors.Mask(classes))
     return img, mask.as_subclass(torch.Tensor).long()
 
 
@@ -117,6 +152,8 @@ class ADE20KData(SplitDataModule):
         scale_range: training rescale range.
         mean, std: normalisation (the backbone's).
         batch_size, num_workers, shuffle_seed: loader settings.
+        strict: stop at the first unusable sample (unreadable image, label above ``num_classes``,
+            mask size differing from its image) instead of skipping and counting it.
     """
 
     def __init__(
@@ -138,6 +175,7 @@ class ADE20KData(SplitDataModule):
         batch_size: int = 16,
         num_workers: int = 4,
         shuffle_seed: int = 0,
+        strict: bool = False,
     ) -> None:
         super().__init__()
         if (root is None) == (hf_dataset is None):
@@ -181,13 +219,17 @@ class ADE20KData(SplitDataModule):
             ds = SegmentationFolder(
                 images, annotations, hp.num_classes, hp.ignore_index, transform, hp.reduce_zero_label
             )
-            return SkipCorrupt(ds, lambda i: str(ds.pairs[i][0]))
+            return SkipCorrupt(ds, lambda i: str(ds.pairs[i][0]), hp.strict)
 
         def convert(row: dict[str, Any], item: str) -> tuple[torch.Tensor, torch.Tensor]:
             image, raw = row[hp.image_column].convert("RGB"), np.asarray(row[hp.label_column])
             return encode(image, raw, hp.num_classes, hp.ignore_index, hp.reduce_zero_label, transform, item)
 
         return self.hf_rows(name, (hp.image_column, hp.label_column), convert)
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.hparams.num_classes)
 
     def setup(self, stage: str) -> None:
         hp = self.hparams

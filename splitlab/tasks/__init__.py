@@ -1,10 +1,11 @@
 """LightningModules only: the `SplitTask` template and one thin subclass per task."""
 
-from splitlab.tasks.base import SplitTask, load_task
+from splitlab.tasks.base import SplitTask
 from splitlab.tasks.classification import ClassificationTask
 from splitlab.tasks.dense import DenseTask
 from splitlab.tasks.detection import DetectionTask
 from splitlab.tasks.segmentation import SegmentationTask
+from splitlab.tasks.state import load_task
 from splitlab.tasks.training import STAGES
 
 __all__ = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,11 +14,12 @@ from splitlab.backbone import PackedFeatures, PackedViT
 from splitlab.metrics import PolicyStats
 from splitlab.rl import BudgetSampler, FractionController, PPOConfig
 from splitlab.tasks.evaluation import PolicyEvaluation, slot
+from splitlab.tasks.state import TaskState
 from splitlab.tasks.training import Stage, StageTraining
 from splitlab.tokenizer import BASELINES, Levels, SplitTokenizer, TokenLayout, baseline_scores, budget_points
 
 
-class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
+class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
     """A SPLIT model for one task: tokenizer + `PackedViT` + task head, trained in stages.
 
     Stages (entered through `set_stage`, which `splitlab.callbacks.SplitSchedule` calls; the
@@ -194,22 +194,6 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
         """A fresh metric collection of the task (keys are metric names, one is `metric_name`)."""
         raise NotImplementedError
 
-    def load_init_checkpoint(self, path: str) -> None:
-        """Start from a splitlab (or plain) state dict: backbone, head and embeddings; the policy
-        (decision module, operating points, λ) starts fresh."""
-        file = Path(path)
-        if not file.is_file():
-            raise FileNotFoundError(f"init_checkpoint={path!r}: no such file")
-        state = torch.load(file, map_location="cpu", weights_only=False)
-        policy = ("tokenizer.decision.", "tokenizer.operating_points.", "controller.", "budget_sampler.")
-        state = {k: v for k, v in state.get("state_dict", state).items() if not k.startswith(policy)}
-        missing, unexpected = self.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.startswith(policy)]
-        if missing or unexpected:
-            raise ValueError(
-                f"init_checkpoint={path!r} does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}"
-            )
-
     # ----------------------------------------------------------------------------- task API
     def split_batch(self, batch: Any) -> tuple[Tensor, Any]:
         """``(images, targets)`` of a batch."""
@@ -293,60 +277,7 @@ class SplitTask(StageTraining, PolicyEvaluation, LightningModule):
         """What inference uses: the learned policy, or the uniform grid while only dense training has run."""
         return "uniform" if self.stage == "dense" else "learned"
 
-    @property
-    def generator(self) -> torch.Generator:
-        """The policy's sampling generator (seeded, checkpointed, on the model's device)."""
-        if self._generator is None or self._generator.device != self.device:
-            self._generator = torch.Generator(self.device).manual_seed(int(self.hparams.sampling_seed))
-            if self._pending_generator_state is not None:
-                self._generator.set_state(self._pending_generator_state)
-                self._pending_generator_state = None
-        return self._generator
-
     def _mean_over_ranks(self, value: Tensor) -> Tensor:
         if self._trainer is None or self.trainer.world_size == 1:
             return value
         return self.trainer.strategy.reduce(value, reduce_op="mean")
-
-    # ----------------------------------------------------------------------------- checkpoint
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["splitlab"] = {
-            "task_class": f"{type(self).__module__}.{type(self).__qualname__}",
-            "stage": self.stage,
-            "generator": self.generator.get_state(),
-        }
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trained = checkpoint.get("state_dict", {}).get("tokenizer.operating_points.budgets")
-        mine = self.tokenizer.operating_points.budgets
-        if trained is not None and (
-            trained.shape != mine.shape or not torch.allclose(trained.cpu(), mine.cpu())
-        ):
-            lo, hi = float(trained[0]), float(trained[-1])
-            span = f"[{lo:g}, {hi:g}] (budgets: [{lo:g}, {hi:g}])" if len(trained) > 1 else f"{lo:g} only"
-            raise ValueError(
-                f"the checkpoint's policy was trained for budgets {span}; this run asks for "
-                f"target_fraction={self.target_fraction:g} with budgets={self.hparams.budgets}: "
-                "use the checkpoint's budgets, and a target_fraction inside them"
-            )
-        state = checkpoint.get("splitlab", {})
-        if "stage" in state:
-            self.stage = state["stage"]
-        if "generator" in state:
-            self._generator = None
-            self._pending_generator_state = state["generator"]
-
-
-def load_task(path: str | Path, map_location: Any = "cpu") -> SplitTask:
-    """Load any splitlab task checkpoint (the task class is recorded in it)."""
-    import importlib
-
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r}: no such file")
-    meta = torch.load(file, map_location="cpu", weights_only=False).get("splitlab", {})
-    if "task_class" not in meta:
-        raise ValueError(f"checkpoint {str(path)!r} was not written by a splitlab task")
-    module, _, name = meta["task_class"].rpartition(".")
-    cls = getattr(importlib.import_module(module), name)
-    return cls.load_from_checkpoint(file, map_location=map_location)

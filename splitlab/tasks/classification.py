@@ -51,6 +51,10 @@ class ClassificationTask(SplitTask):
             raise ValueError(f"backbone {self.hparams.backbone!r} has no classifier: set num_classes")
         return None
 
+    @property
+    def num_classes(self) -> int:
+        return int(self.backbone.model.num_classes)
+
     def build_metrics(self) -> MetricCollection:
         classes = self.backbone.model.num_classes
         return MetricCollection(

@@ -9,16 +9,16 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Subset
 
 from splitlab.rl import advantages, ppo_policy_loss
-from splitlab.tokenizer import calibrate_threshold, fraction_of, policy, warm_start_labels
+from splitlab.tasks.budgets import BudgetTraining
+from splitlab.tokenizer import fraction_of, policy, warm_start_labels
 
 Stage = Literal["dense", "warm_start", "ppo"]
 STAGES = ("dense", "warm_start", "ppo")
 
 
-class StageTraining:
+class StageTraining(BudgetTraining):
     """Training half of `SplitTask` (manual optimisation, exactly as Lightning's docs describe it:
     ``self.optimizers()``, ``manual_backward``, schedulers stepped by hand)."""
 
@@ -131,67 +131,6 @@ class StageTraining:
         flat /= torch.distributed.get_world_size()
         for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
             p.grad = g
-
-    def step_budget(self) -> tuple[int, float]:
-        """This step's training budget: the one target, or (budget-conditioned) a point drawn per batch,
-        more often where the task loss is high (`BudgetSampler`).
-
-        The draw is a function of ``(sampling_seed, global_step)`` and of reduced loss averages:
-        the same on every rank (λ and the operating points are kept per point and must agree)
-        and the same after a resume.
-        """
-        points = self.controller.targets
-        if len(points) == 1:
-            return 0, points[0]
-        point = self.budget_sampler.draw(int(self.hparams.sampling_seed) * 1_000_003 + int(self.global_step))
-        return point, points[point]
-
-    def calibrate(self, logits: Sequence[Tensor], point: int, budget: float) -> Tensor:
-        """Move the operating point of ``budget`` towards this batch's exact cut; the deployed fractions."""
-        logits = [lg.detach() for lg in logits]
-        self.tokenizer.operating_points.update(
-            point, calibrate_threshold(logits, budget), self._mean_over_ranks
-        )
-        cut = self.tokenizer.operating_points.cuts[point]
-        return fraction_of([lg > cut for lg in logits])
-
-    @torch.no_grad()
-    def recalibrate(self) -> None:
-        """Set every operating point from a fixed sample of training images under the current policy.
-
-        The running average of `calibrate` lags when PPO moves the logits quickly (measured on
-        the COCO twin: deployed 0.44 for a budget of 0.50); before each validation of a fit the
-        cuts are therefore recomputed exactly, as "precise BatchNorm" recomputes statistics:
-        ``calibration_images`` training images (the same ones every time, with the training
-        transforms) through embedding and decision module only, no backbone. The global RNG is
-        forked, so training randomness is unchanged; under DDP the cuts are averaged over ranks.
-        """
-        count = int(self.hparams.calibration_images)
-        loader = self.trainer.train_dataloader if self._trainer is not None else None
-        if count <= 0 or self.stage == "dense" or not isinstance(loader, DataLoader):
-            return
-        dataset = loader.dataset
-        order = torch.randperm(
-            len(dataset), generator=torch.Generator().manual_seed(self.hparams.sampling_seed)
-        )
-        sample = DataLoader(
-            Subset(dataset, order[: min(count, len(dataset))].tolist()),
-            batch_size=loader.batch_size or 1,
-            num_workers=loader.num_workers,
-            collate_fn=loader.collate_fn,
-        )
-        points = self.tokenizer.operating_points
-        logits: list[list[list[Tensor]]] = [[] for _ in range(len(points.budgets))]
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), self.trainer.precision_plugin.forward_context():
-            for batch in sample:
-                images, _ = self.split_batch(self.transfer_batch_to_device(batch, self.device, 0))
-                tokens, _ = self.tokenizer.embed(images, self.backbone)
-                for point, budget in enumerate(points.budgets.tolist()):
-                    logits[point].append(self.tokenizer.decision_logits(tokens, budget))
-        for point, budget in enumerate(points.budgets.tolist()):
-            per_level = [torch.cat(level) for level in zip(*logits[point], strict=True)]
-            points.set(point, calibrate_threshold(per_level, budget), self._mean_over_ranks)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         images, targets = self.split_batch(batch)

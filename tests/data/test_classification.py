@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import fit, schedule_args
+from tests.helpers import fit
 
 
 def test_missing_dataset_path(tmp_path) -> None:
@@ -25,17 +25,6 @@ def test_empty_class_folder(shapes_root, tmp_path) -> None:
         f.unlink()
     with pytest.raises(ValueError, match=r"class folder\(s\) \['dots'\] in val/ hold no images"):
         fit(root, tmp_path / "logs")
-
-
-def test_corrupt_image_is_skipped_with_a_warning(shapes_root, tmp_path) -> None:
-    import shutil
-
-    root = tmp_path / "data"
-    shutil.copytree(shapes_root, root)
-    bad = sorted((root / "train" / "checks").glob("*.png"))[0]
-    bad.write_bytes(b"not a png")
-    with pytest.warns(UserWarning, match=f"skipping corrupt image .*{bad.name}"):
-        fit(root, tmp_path / "logs", *schedule_args(1, 0))
 
 
 def test_hf_dataset_from_a_local_path(tmp_path) -> None:

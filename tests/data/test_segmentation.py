@@ -16,8 +16,11 @@ def test_annotation_labels_above_num_classes(tmp_path) -> None:
     labels[0, 0] = 9
     Image.fromarray(labels).save(bad)
     dm = ADE20KData(root=str(root), num_classes=5, img_size=64, num_workers=0, scale_range=(1.0, 1.0))
-    dm.setup("fit")
     with pytest.raises(ValueError, match=f"annotation .*{bad.name}: label value 9 is above num_classes=5"):
-        dm.datasets["train"].dataset[0]
+        dm.setup("fit")  # the first masks are read up front, before any training
+    dm = ADE20KData(
+        root=str(root), num_classes=5, img_size=64, num_workers=0, scale_range=(1.0, 1.0), strict=True
+    )
+    dm.datasets["val"] = dm._split("validation", training=False)
     image, mask = dm.datasets["val"][0]
     assert image.shape == (3, 64, 64) and mask.shape == (64, 64) and mask.max() < 5

@@ -1,0 +1,165 @@
+"""Nothing lost silently: a stop signal leaves a checkpoint, a checkpoint that cannot be written stops
+the run, skipped samples are reported."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning import Callback, LightningModule, Trainer
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+
+class GracefulStop(Callback):
+    """On SIGTERM or Ctrl-C during fit: finish the batch, save a checkpoint, stop.
+
+    The signal handler only raises a flag (saving inside it could catch PPO half-way through its
+    updates, or ranks between collectives); at the end of the batch the ranks agree (a max
+    all-reduce, so one signalled rank suffices), every rank takes part in
+    ``trainer.save_checkpoint`` to ``<checkpoints>/interrupted.ckpt``, and training stops; the
+    command then exits with ``128 + signal``. ``--ckpt_path last`` (or that file) resumes the
+    run. A second Ctrl-C stops at once. The handlers are installed when training starts, after
+    Lightning's own (which would end the run at the next batch without a checkpoint).
+
+    Args:
+        signals: names of the signals that stop the run.
+    """
+
+    register_at_setup = False
+
+    def __init__(self, signals: tuple[str, ...] | list[str] = ("SIGTERM", "SIGINT")) -> None:
+        unknown = [s for s in signals if not hasattr(signal, s)]
+        if unknown:
+            raise ValueError(f"signals={list(signals)}: {unknown} are not signals of this platform")
+        self.signums = [getattr(signal, s) for s in signals]
+        self.received: int | None = None
+        self.stopped_by: int | None = None
+        self.checkpoint: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def exit_code(self) -> int:
+        """What the command should exit with after a stop (0: not stopped)."""
+        return 0 if self.stopped_by is None else 128 + int(self.stopped_by)
+
+    def _install(self) -> None:
+        for signum in self.signums:
+            self._previous[signum] = signal.signal(signum, self._handler)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit" and self.register_at_setup:
+            self._install()
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self.register_at_setup:
+            self._install()
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self.received = signum
+
+    def _agreed(self, trainer: Trainer, pl_module: LightningModule) -> int | None:
+        """The signal to act on, agreed by all ranks (one process: no device sync)."""
+        if trainer.world_size == 1:
+            return self.received
+        flag = torch.tensor(float(self.received or 0), device=pl_module.device)
+        agreed = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        return agreed or None
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        signum = self._agreed(trainer, pl_module)
+        if signum is None:
+            return
+        self.checkpoint = self.checkpoint_path(trainer)
+        trainer.save_checkpoint(self.checkpoint)
+        self.after_checkpoint(trainer, signum)
+        self.received = None
+        trainer.should_stop = True
+
+    def checkpoint_path(self, trainer: Trainer) -> str:
+        """``interrupted.ckpt`` beside the run's other checkpoints."""
+        callback = trainer.checkpoint_callback
+        folder = (
+            getattr(callback, "dirpath", None)
+            or Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints"
+        )
+        return str(Path(folder) / "interrupted.ckpt")
+
+    def after_checkpoint(self, trainer: Trainer, signum: int) -> None:
+        self.stopped_by = signum
+        rank_zero_warn(
+            f"stopped by {signal.Signals(signum).name} after batch {trainer.global_step}: saved {self.checkpoint}; "
+            "resume with --ckpt_path last (or that file)"
+        )
+
+    def _restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._restore()
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._restore()
+
+
+class VerifiedCheckpointIO(TorchCheckpointIO):
+    """Torch checkpoint IO that makes sure the file was written, retries, and then stops the run.
+
+    Lightning's atomic save swallows a ``PermissionError``, so an unwritable checkpoint folder
+    used to end a run with exit 0 and no checkpoint. Here each save is checked (the file exists and
+    was written by this save); a failed save is retried, then raises a clear error naming the file.
+
+    Args:
+        retries: further attempts after a failed save.
+        wait: seconds between attempts (network file systems recover from short hiccups).
+    """
+
+    def __init__(self, retries: int = 2, wait: float = 1.0) -> None:
+        super().__init__()
+        self.retries, self.wait = retries, wait
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        target = Path(path)
+        problem: BaseException | str = "nothing was written"
+        for attempt in range(self.retries + 1):
+            started = time.time()
+            try:
+                super().save_checkpoint(checkpoint, path, storage_options)
+            except OSError as err:
+                problem = err
+            else:
+                if target.is_file() and target.stat().st_size > 0 and target.stat().st_mtime >= started - 1:
+                    return
+                problem = "nothing was written"
+            if attempt < self.retries:
+                time.sleep(self.wait)
+        raise OSError(
+            f"checkpoint {target} could not be written ({problem}); the run stops so that no work is lost "
+            "silently: make the checkpoint folder writable (or point ModelCheckpoint's dirpath elsewhere) and "
+            "resume from the last checkpoint"
+        )
+
+
+class SkippedSamples(Callback):
+    """At the end of each training epoch, report the samples the data module skipped (unreadable images,
+    annotations that do not fit the settings): skipping keeps a long run alive, the report keeps it honest."""
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        report = getattr(trainer.datamodule, "skipped_report", None)
+        message = report() if callable(report) else None
+        if message:
+            rank_zero_warn(f"epoch {trainer.current_epoch}: {message}")
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        report = getattr(trainer.datamodule, "skipped_report", None)
+        if callable(report) and report():
+            rank_zero_info("splitlab: set data.init_args.strict=true to stop at the first bad sample instead")

@@ -1,0 +1,177 @@
+"""The LightningCLI behind ``lightning fit --config tasks/coco.yaml`` (and ``splitlab fit ...``)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning import LightningDataModule, Trainer
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_info
+
+from splitlab.callbacks import (
+    GracefulStop,
+    LayoutWriter,
+    ResumePosition,
+    SkippedSamples,
+    SplitSchedule,
+    VerifiedCheckpointIO,
+)
+from splitlab.cli.checkpoints import keep_csv_history, reconcile
+from splitlab.cli.errors import reporting_errors, user_error
+from splitlab.tasks import SplitTask
+
+__all__ = ["SplitLabCLI", "lightning_main", "main", "reporting_errors", "user_error"]
+
+DEFAULT_CALLBACKS = (SplitSchedule, ResumePosition, LayoutWriter, GracefulStop, SkippedSamples)
+
+
+class SplitLabCLI(LightningCLI):
+    """LightningCLI over any `SplitTask` and DataModule, adding the callbacks every run needs.
+
+    A recipe that names no `SplitSchedule` gets the default one (1 warm-start epoch, then PPO);
+    `ResumePosition` (exact mid-epoch resume), `LayoutWriter` (``predict`` writes layouts),
+    `GracefulStop` (SIGTERM / Ctrl-C leave a checkpoint) and `SkippedSamples` are added unless the
+    recipe configures its own, and checkpoints are written through `VerifiedCheckpointIO`.
+    ``--ckpt_path last`` finds the newest checkpoint of the recipe's run directory.
+    """
+
+    def _parse_ckpt_path(self) -> None:
+        """Build the model as the checkpoint was trained, with the safe changes given (`reconcile`).
+
+        Lightning's own version applies the checkpoint's hyperparameters over the command line,
+        so ``--model.init_args.target_fraction 0.3`` with ``--ckpt_path`` silently ran at the
+        checkpoint's budget. A missing or unreadable file is named here, before anything is built.
+        """
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        ckpt_path = self.config[subcommand].get("ckpt_path")
+        if not ckpt_path:
+            return
+        if ckpt_path in ("last", "hpc"):
+            ckpt_path = self._resolve_last(subcommand, ckpt_path)
+        if not Path(ckpt_path).is_file():
+            raise FileNotFoundError(f"ckpt_path={ckpt_path!r}: no such checkpoint file")
+        try:
+            checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as err:
+            raise ValueError(
+                f"ckpt_path={ckpt_path!r} is not a readable checkpoint ({type(err).__name__}): "
+                "the file is truncated or not a Lightning checkpoint; use an earlier one"
+            ) from None
+        self._resume_step = int(checkpoint.get("global_step", 0)) if subcommand == "fit" else None
+        saved = dict(checkpoint.get("hyper_parameters", {}))
+        saved.pop("_instantiator", None)
+        class_path = saved.pop("_class_path", None)
+        if not saved or class_path is None:
+            return
+        model = self.config[subcommand]["model"]
+        if model.class_path != class_path:
+            raise ValueError(
+                f"ckpt_path={ckpt_path!r} holds a {class_path}, the config builds a {model.class_path}"
+            )
+        merged, notes = reconcile(subcommand, saved, model.init_args.as_dict())
+        for note in notes:
+            rank_zero_info(f"splitlab: from the checkpoint with {note}")
+        update = {subcommand: {"model": {"class_path": class_path, "init_args": merged}}}
+        self.config = self.parser.parse_object(update, self.config)
+
+    def _resolve_last(self, subcommand: str, which: str) -> str:
+        """``--ckpt_path last``: the newest checkpoint under the run directory the recipe's logger names.
+
+        Lightning looks only in *this* run's (new, empty) ``version_N``, finds nothing, warns and
+        trains from scratch; here every version of the recipe's run is searched, the newest
+        checkpoint wins (``interrupted.ckpt`` included), and the logger continues in its version.
+        """
+        trainer = self.config[subcommand]["trainer"]
+        root = Path(trainer.get("default_root_dir") or ".")
+        logger = trainer.get("logger")
+        named = getattr(logger, "init_args", None)
+        if named is not None and named.get("save_dir") is not None:
+            base = Path(named.save_dir) / (named.get("name") or "")
+            version = named.get("version")
+            folders = [base / str(version)] if version not in (None, "") else sorted(base.glob("version_*"))
+        else:
+            named, base = None, root
+            folders = [root, *sorted((root / "lightning_logs").glob("version_*"))]
+        found = [p for folder in folders for p in (folder / "checkpoints").glob("*.ckpt")]
+        if which == "hpc":
+            found += list(root.glob("hpc_ckpt_*.ckpt"))
+        if not found:
+            raise FileNotFoundError(
+                f"ckpt_path={which}: no checkpoint under {base} (searched {len(folders)} run folder(s)); "
+                "nothing to resume: run without --ckpt_path to start, or give the checkpoint file"
+            )
+        newest = max(found, key=lambda p: p.stat().st_mtime)
+        if named is not None and newest.parent.parent.parent == base:
+            named.version = newest.parent.parent.name  # the logger continues in the resumed run's folder
+        rank_zero_info(f"splitlab: ckpt_path={which}: resuming from {newest}")
+        self.config[subcommand]["ckpt_path"] = str(newest)
+        return str(newest)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        given = kwargs.get("callbacks", self._get(self.config_init, "trainer", default={}).get("callbacks"))
+        given = list(given) if isinstance(given, list | tuple) else ([given] if given else [])
+
+        def present(cls: type) -> bool:  # a SlurmRequeue is a GracefulStop for SIGUSR1 only
+            return any(type(c) is cls if cls is GracefulStop else isinstance(c, cls) for c in given)
+
+        missing = [cls for cls in DEFAULT_CALLBACKS if not present(cls)]
+        if SplitSchedule in missing and self.subcommand == "fit":
+            rank_zero_info(
+                "splitlab: no SplitSchedule in trainer.callbacks: using 1 warm-start epoch, then PPO"
+            )
+        trainer = super().instantiate_trainer(**{**kwargs, "callbacks": given + [cls() for cls in missing]})
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = VerifiedCheckpointIO()
+        return trainer
+
+    def before_fit(self) -> None:
+        """A resumed fit keeps the history of its ``metrics.csv`` (Lightning's CSV writer deletes it)."""
+        step = getattr(self, "_resume_step", None)
+        for logger in self.trainer.loggers if step is not None else []:
+            if isinstance(logger, CSVLogger):
+                keep_csv_history(logger, step)
+
+
+def lightning_main(args: Sequence[str] | None = None, run: bool = True) -> SplitLabCLI:
+    """Run (or with ``run=False`` only build) the LightningCLI on ``args`` (``sys.argv`` when None)."""
+    argv = sys.argv
+    if args is not None:  # called from Python (demo, tests): the process's own argv is not ours
+        sys.argv = argv[:1]
+    try:
+        return SplitLabCLI(
+            SplitTask,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"exit_on_error": False},
+            auto_configure_optimizers=False,
+            args=list(args) if args is not None else None,
+            run=run,
+        )
+    finally:
+        sys.argv = argv
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``lightning {fit,validate,test,predict} ...``: errors about settings and files as one line."""
+    args = None if argv is None or list(argv) == sys.argv[1:] else list(argv)
+    cli = reporting_errors(lambda: lightning_main(args))
+    stopped = [
+        c for c in getattr(getattr(cli, "trainer", None), "callbacks", []) if isinstance(c, GracefulStop)
+    ]
+    code = max((c.exit_code for c in stopped), default=0)
+    if code:
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

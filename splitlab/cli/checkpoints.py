@@ -1,0 +1,98 @@
+"""Runs from a checkpoint: which settings may differ from the trained ones, and the run's history."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import CSVLogger
+
+# Settings a run from a checkpoint may change: how the trained model is evaluated and deployed.
+DEPLOYMENT = {
+    "target_fraction",
+    "eval_budgets",
+    "eval_baselines",
+    "max_fraction",
+    "attn_backend",
+    "calibration_images",
+}
+# Where the weights come from: a checkpoint restores them all, so these are not used.
+WEIGHTS = {"pretrained", "checkpoint_path", "init_checkpoint"}
+# Settings of training only: they do not change what validate, test and predict compute.
+TRAINING = {
+    "lr",
+    "weight_decay",
+    "warmup_steps",
+    "policy_lr",
+    "imitation_lr",
+    "imitation_weight",
+    "grad_clip",
+    "ppo",
+    "lambda_lr",
+    "lambda_gain",
+    "lambda_damping",
+    "lambda_init",
+    "sampling_seed",
+    "label_smoothing",
+    "aux_weight",
+}
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+def reconcile(
+    subcommand: str, saved: dict[str, Any], given: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """The model settings of a run from a checkpoint: the checkpoint's, with the given changes that are safe.
+
+    Deployment settings given on the command line take effect; settings of training only are
+    noted and ignored outside ``fit``; every other difference (architecture, budgets, or training
+    settings on a resumed fit) is refused with a message listing what differs, since the restored
+    weights, optimizer and multipliers would silently keep the checkpoint's values.
+
+    Returns:
+        the settings to build the model with, and notes for the user.
+    """
+    differs = [k for k in saved if k in given and not _same(saved[k], given[k])]
+    allowed = DEPLOYMENT | WEIGHTS | (TRAINING if subcommand != "fit" else set())
+    refused = [k for k in differs if k not in allowed]
+    if refused:
+        listing = "; ".join(f"{k}: checkpoint {_shown(saved[k])}, given {_shown(given[k])}" for k in refused)
+        raise ValueError(
+            f"{subcommand} from a checkpoint: these settings differ from the ones it was trained with and "
+            f"cannot change now: {listing}. Use the checkpoint's values (or start a new run)"
+        )
+    merged = {**saved, **{k: given[k] for k in differs if k in DEPLOYMENT}}
+    merged.update(
+        pretrained=False, checkpoint_path="", init_checkpoint=None
+    )  # the checkpoint has the weights
+    notes = [f"{k}={_shown(given[k])} (checkpoint {_shown(saved[k])})" for k in differs if k in DEPLOYMENT]
+    ignored = [k for k in differs if k in TRAINING]
+    if ignored:
+        notes.append(f"not used by {subcommand}: {', '.join(ignored)}")
+    return merged, notes
+
+
+def keep_csv_history(logger: CSVLogger, up_to_step: int) -> None:
+    """Keep the rows of an existing ``metrics.csv`` up to ``up_to_step`` when a run resumes into it."""
+    path = Path(logger.log_dir) / "metrics.csv"
+    if not path.is_file():
+        return
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = list(reader.fieldnames or []), list(reader)
+    rows = [r for r in rows if not r.get("step") or int(float(r["step"])) <= up_to_step]
+    writer = logger.experiment  # creating the writer removes the old file
+    writer.metrics_keys = sorted(set(writer.metrics_keys) | set(header))
+    with path.open("w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=writer.metrics_keys)
+        out.writeheader()
+        out.writerows(rows)

@@ -1,0 +1,64 @@
+"""Errors about settings and files reach the user as one line, not a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PACKAGE = str(Path(__file__).resolve().parents[1])
+FILE_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError)
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and what it wraps (jsonargparse and Lightning re-raise ours), outermost first."""
+    chain: list[BaseException] = []
+    while error is not None and all(error is not seen for seen in chain):
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
+
+
+def _raised_by_splitlab(error: BaseException) -> bool:
+    tb, last = error.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and last.tb_frame.f_code.co_filename.startswith(PACKAGE)
+
+
+def user_error(error: BaseException) -> BaseException | None:
+    """The exception to report as one line: the innermost one about a setting or a file.
+
+    splitlab's own checks raise ``ValueError`` / ``TypeError`` / ``RuntimeError`` / ``OSError``
+    messages that name the setting (with its value) or the file, and the fix; file errors from
+    anywhere name their file. Anything else is a bug and keeps its traceback.
+    """
+    found = None
+    for link in _chain(error):
+        if isinstance(link, (*FILE_ERRORS, argparse.ArgumentError)) or (
+            isinstance(link, ValueError | TypeError | RuntimeError | OSError | KeyError)
+            and _raised_by_splitlab(link)
+        ):
+            found = link
+    return found
+
+
+def reporting_errors(run: Callable[[], Any]) -> Any:
+    """Run ``run``; a bad setting or file ends the process with one line on stderr and exit code 2.
+
+    ``SPLITLAB_DEBUG=1`` shows the full traceback instead.
+    """
+    try:
+        return run()
+    except Exception as error:
+        cause = user_error(error)
+        if cause is None or os.environ.get("SPLITLAB_DEBUG"):
+            raise
+        message = str(cause).strip() or type(cause).__name__
+        if isinstance(cause, KeyError) and cause.args:
+            message = str(cause.args[0])
+        print(f"splitlab: error: {message}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,47 @@
+"""argparse types shared by splitlab's commands: a bad value is one usage line that names the option."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (batch sizes, iterations, image counts)."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def count(text: str) -> int:
+    """An integer >= 0 (warm-up iterations)."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A token fraction in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value:g} is not a token fraction in (0, 1]")
+    return value
+
+
+def fraction_list(text: str) -> list[float]:
+    """``"0.3,0.5,0.7"`` -> ``[0.3, 0.5, 0.7]``."""
+    values = [fraction(v) for v in text.split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one fraction, e.g. 0.3,0.5,0.7")
+    return values
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None

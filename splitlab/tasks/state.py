@@ -1,0 +1,106 @@
+"""What a `SplitTask` keeps and checks across runs: checkpoints, the policy's generator, data fit."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class TaskState:
+    """State half of `SplitTask`: the checkpoint entry (stage, generator, task class), starting
+    weights, and the checks that a checkpoint and a data module fit the model before work starts."""
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The policy's sampling generator (seeded, checkpointed, on the model's device)."""
+        if self._generator is None or self._generator.device != self.device:
+            self._generator = torch.Generator(self.device).manual_seed(int(self.hparams.sampling_seed))
+            if self._pending_generator_state is not None:
+                self._generator.set_state(self._pending_generator_state)
+                self._pending_generator_state = None
+        return self._generator
+
+    @property
+    def num_classes(self) -> int | None:
+        """Classes of the task's head (None where the task has no class count)."""
+        return self.hparams.get("num_classes")
+
+    def setup(self, stage: str) -> None:
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        if dm is not None:
+            self.check_data(dm)
+
+    def check_data(self, datamodule: Any) -> None:
+        """Refuse data that does not fit the model, before any work (Lightning sets the data up first)."""
+        size = getattr(datamodule, "img_size", None)
+        height, width = self.backbone.img_size
+        if size is not None and (int(size), int(size)) != (height, width):
+            raise ValueError(
+                f"data.init_args.img_size={size} differs from the model's input size {height}x{width} "
+                "(model.init_args.backbone_kwargs.img_size): set both to the same size"
+            )
+        classes, mine = getattr(datamodule, "num_classes", None), self.num_classes
+        if classes and mine is not None and int(classes) != int(mine):
+            raise ValueError(
+                f"the data has {classes} classes but model.init_args.num_classes={mine}: "
+                f"set model.init_args.num_classes={classes} (or check data.init_args.root)"
+            )
+
+    def load_init_checkpoint(self, path: str) -> None:
+        """Start from a splitlab (or plain) state dict: backbone, head and embeddings; the policy
+        (decision module, operating points, λ) starts fresh."""
+        file = Path(path)
+        if not file.is_file():
+            raise FileNotFoundError(f"init_checkpoint={path!r}: no such file")
+        state = torch.load(file, map_location="cpu", weights_only=False)
+        policy = ("tokenizer.decision.", "tokenizer.operating_points.", "controller.", "budget_sampler.")
+        state = {k: v for k, v in state.get("state_dict", state).items() if not k.startswith(policy)}
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.startswith(policy)]
+        if missing or unexpected:
+            raise ValueError(
+                f"init_checkpoint={path!r} does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["splitlab"] = {
+            "task_class": f"{type(self).__module__}.{type(self).__qualname__}",
+            "stage": self.stage,
+            "generator": self.generator.get_state(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trained = checkpoint.get("state_dict", {}).get("tokenizer.operating_points.budgets")
+        mine = self.tokenizer.operating_points.budgets
+        if trained is not None and (
+            trained.shape != mine.shape or not torch.allclose(trained.cpu(), mine.cpu())
+        ):
+            lo, hi = float(trained[0]), float(trained[-1])
+            span = f"[{lo:g}, {hi:g}] (budgets: [{lo:g}, {hi:g}])" if len(trained) > 1 else f"{lo:g} only"
+            raise ValueError(
+                f"the checkpoint's policy was trained for budgets {span}; this run asks for "
+                f"target_fraction={self.target_fraction:g} with budgets={self.hparams.budgets}: "
+                "use the checkpoint's budgets, and a target_fraction inside them"
+            )
+        state = checkpoint.get("splitlab", {})
+        if "stage" in state:
+            self.stage = state["stage"]
+        if "generator" in state:
+            self._generator = None
+            self._pending_generator_state = state["generator"]
+
+
+def load_task(path: str | Path, map_location: Any = "cpu") -> Any:
+    """Load any splitlab task checkpoint (the task class is recorded in it)."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r}: no such file")
+    meta = torch.load(file, map_location="cpu", weights_only=False).get("splitlab", {})
+    if "task_class" not in meta:
+        raise ValueError(f"checkpoint {str(path)!r} was not written by a splitlab task")
+    module, _, name = meta["task_class"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    return cls.load_from_checkpoint(file, map_location=map_location)

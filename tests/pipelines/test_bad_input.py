@@ -1,0 +1,448 @@
+"""Bad settings, bad data and faults, tried as a user would (the `splitlab` command, in process): each
+ends as one clear message that names the setting or file, with a non-zero exit and no traceback,
+before any training; or as an explicit skip with a count; or as a clean stop and resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from splitlab.commands import main
+from splitlab.commands.demo import ci_recipe
+from tests.helpers import schedule_args, tiny_args
+
+
+def fails(capsys: pytest.CaptureFixture, argv: list[str], *expected: str) -> str:
+    """Run ``splitlab argv``; assert a non-zero exit, no traceback, and every expected fragment."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code not in (0, None), err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    for fragment in expected:
+        assert fragment in err, f"{fragment!r} not in:\n{err[-2000:]}"
+    return err
+
+
+def untrained(log_dir) -> bool:
+    """Nothing was trained: no checkpoint was written."""
+    return not list(log_dir.rglob("*.ckpt"))
+
+
+def fit_args(root, log_dir, *extra: str) -> list[str]:
+    return ["fit", *tiny_args(root, log_dir, *schedule_args(1, 1), *extra)]
+
+
+# ------------------------------------------------------------------------------------- settings
+SETTINGS = [
+    (
+        "--model.init_args.target_fraction=0.05",
+        "target_fraction=0.05 is outside the range levels=(32, 16, 8) can reach",
+    ),
+    (
+        "--model.init_args.backbone=vit_nonexistent_patch16",
+        "model_name='vit_nonexistent_patch16' is not a timm model",
+    ),
+    (
+        "--model.init_args.levels=[32,24,8]",
+        "levels=(32, 24, 8): each level must be exactly half the previous one",
+    ),
+    ("--model.init_args.levels=[64,32,16]", "the finest level must equal the backbone's patch size (8)"),
+    (
+        "--model.init_args.backbone_kwargs.img_size=72",
+        "image size 72x72 is not divisible by the coarsest level (32 px)",
+    ),
+    ("--model.init_args.attn_backend=turbo", "attn_backend='turbo': expected 'auto' or one of"),
+    ("--model.init_args.eval_baselines=[oracle]", "eval_baselines=['oracle']: unknown ['oracle']"),
+    (
+        "--model.init_args.budgets=[0.7,0.3]",
+        "budgets=[0.7, 0.3]: the lowest budget must be below the highest",
+    ),
+    ("--model.init_args.budgets=[0.01,0.5]", "budgets=0.01 is outside the range"),
+    ("--model.init_args.max_fraction=0.05", "max_fraction=0.05 is outside the range"),
+    (
+        "--model.init_args.eval_budgets=[0.9]",
+        "eval_budgets=0.9: this policy was trained for budgets [0.3, 0.7]",
+    ),
+    (
+        "--model.init_args.target_fraction=0.8",
+        "target_fraction=0.8: this policy was trained for budgets [0.3, 0.7]",
+    ),
+    ("--model.init_args.decision_dim=15", "decision_dim=15 must be divisible by decision_heads=2"),
+    ("--model.init_args.global_pool=max", "global_pool='max': expected 'token' or 'avg'"),
+    ("--model.init_args.target_fraction=abc", 'Parser key "target_fraction"'),
+    ("--model.init_args.init_checkpoint=/no/such.ckpt", "init_checkpoint='/no/such.ckpt': no such file"),
+    (
+        "--trainer.max_epochs=1",
+        "dense_epochs + warm_start_epochs + rl_epochs = 0 + 1 + 1 = 2 is above trainer.max_epochs=1",
+    ),
+    ("--model.init_args.num_classes=3", "the data has 4 classes but model.init_args.num_classes=3"),
+    ("--model.init_args.num_classes=7", "the data has 4 classes but model.init_args.num_classes=7"),
+    ("--data.init_args.img_size=32", "data.init_args.img_size=32 differs from the model's input size 64x64"),
+    ("--data.init_args.root=/no/such/dataset", "data.root='/no/such/dataset': no such directory"),
+    ("--data.init_args.train_split=training", "data.root/train_split="),
+]
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    SETTINGS,
+    ids=[s.split("=")[0].split(".")[-1] + str(i) for i, (s, _) in enumerate(SETTINGS)],
+)
+def test_a_bad_setting_is_one_clear_message(shapes_root, tmp_path, capsys, setting, message) -> None:
+    fails(capsys, fit_args(shapes_root, tmp_path, setting), message)
+    assert untrained(tmp_path)
+
+
+def test_a_bad_schedule_is_one_clear_message(shapes_root, tmp_path, capsys) -> None:
+    callbacks = [{"class_path": "splitlab.callbacks.SplitSchedule", "init_args": {"rl_epochs": -1}}]
+    args = tiny_args(shapes_root, tmp_path, f"--trainer.callbacks={json.dumps(callbacks)}")
+    fails(capsys, ["fit", *args], "rl_epochs=-1 must be >= 0")
+
+
+def test_an_init_checkpoint_of_another_model(shapes_root, tmp_path, capsys) -> None:
+    other = tmp_path / "other.ckpt"
+    torch.save({"state_dict": {"backbone.model.nonsense": torch.zeros(3)}}, other)
+    fails(
+        capsys,
+        fit_args(shapes_root, tmp_path, f"--model.init_args.init_checkpoint={other}"),
+        f"init_checkpoint='{other}' does not fit this model",
+    )
+
+
+# ------------------------------------------------------------------------------------- data
+def test_an_empty_class_folder(shapes_root, tmp_path, capsys) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    for f in (root / "val" / "dots").iterdir():
+        f.unlink()
+    fails(capsys, fit_args(root, tmp_path / "logs"), "class folder(s) ['dots'] in val/ hold no images")
+
+
+def test_a_missing_hf_column(tmp_path, capsys) -> None:
+    from splitlab.data import generate_shapes
+
+    path = generate_shapes(tmp_path / "hf", train=2, val=1, test=1, fmt="hf")
+    args = fit_args(
+        path, tmp_path / "logs", "--data.init_args.root=null", f"--data.init_args.hf_dataset={path}"
+    )
+    fails(
+        capsys,
+        [*args, "--data.init_args.val_split=validation", "--data.init_args.image_column=img"],
+        "no column ['img']",
+    )
+
+
+def test_a_corrupt_image_is_skipped_counted_and_reported(shapes_root, tmp_path, capsys, recwarn) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    bad = sorted((root / "train" / "checks").glob("*.png"))[0]
+    bad.write_bytes(b"not a png")
+    main(fit_args(root, tmp_path / "logs"))
+    messages = [str(w.message) for w in recwarn]
+    assert any(f"skipping {bad}" in m for m in messages)
+    assert any("read(s) of unusable samples (" in m and " in train)" in m for m in messages)
+    with pytest.raises(SystemExit):
+        main(fit_args(root, tmp_path / "strict", "--data.init_args.strict=true"))
+    assert f"{bad}" in capsys.readouterr().err and untrained(tmp_path / "strict")
+
+
+@pytest.fixture(scope="module")
+def coco_root(tmp_path_factory):
+    from splitlab.data import generate_coco
+
+    return generate_coco(tmp_path_factory.mktemp("coco"), image_size=128, train=4, val=2)
+
+
+def twin_args(task: str, root, log_dir, *extra: str) -> list[str]:
+    """``fit`` of a dense CI twin on ``root``, logging under ``log_dir``."""
+    return [
+        "fit",
+        *ci_recipe(task),
+        f"--data.init_args.root={root}",
+        f"--trainer.logger.init_args.save_dir={log_dir}",
+        "--trainer.enable_progress_bar=false",
+        *extra,
+    ]
+
+
+def coco_args(root, log_dir, *extra: str) -> list[str]:
+    return twin_args("coco", root, log_dir, *extra)
+
+
+def edited_coco(coco_root, tmp_path, edit) -> object:
+    root = tmp_path / "coco"
+    shutil.copytree(coco_root, root)
+    path = root / "annotations" / "instances_train2017.json"
+    doc = json.loads(path.read_text())
+    edit(doc, root)
+    path.write_text(json.dumps(doc))
+    return root
+
+
+COCO = [
+    (
+        "orphan",
+        lambda d, r: d["annotations"][0].update(image_id=4242),
+        "name an image_id that is not among the images, e.g. annotation id 1 with image_id 4242",
+    ),
+    (
+        "category",
+        lambda d, r: d["annotations"][0].update(category_id=7),
+        "name a category_id that is not among the categories [1, 2, 3], e.g. annotation id 1 with category_id 7",
+    ),
+    (
+        "missing-image",
+        lambda d, r: (r / "train2017" / "000000000001.png").unlink(),
+        "names 1 image(s) missing from",
+    ),
+    (
+        "malformed",
+        lambda d, r: d.update(images=[{"id": 1}], annotations=[{"image_id": 1}]),
+        "malformed COCO annotations",
+    ),
+    (
+        "num-classes",
+        lambda d, r: d["categories"].append({"id": 9, "name": "extra"}),
+        "the data has 4 classes but model.init_args.num_classes=3",
+    ),
+]
+
+
+@pytest.mark.parametrize(("edit", "message"), [c[1:] for c in COCO], ids=[c[0] for c in COCO])
+def test_bad_coco_annotations_stop_before_training(coco_root, tmp_path, capsys, edit, message) -> None:
+    root = edited_coco(coco_root, tmp_path, edit)
+    fails(capsys, coco_args(root, tmp_path / "logs"), message)
+    assert untrained(tmp_path / "logs")
+
+
+def test_a_missing_coco_annotation_file(coco_root, tmp_path, capsys) -> None:
+    root = tmp_path / "coco"
+    shutil.copytree(coco_root, root)
+    (root / "annotations" / "instances_val2017.json").unlink()
+    fails(capsys, coco_args(root, tmp_path / "logs"), "instances_val2017.json: no such annotation file")
+
+
+@pytest.fixture(scope="module")
+def ade_root(tmp_path_factory):
+    from splitlab.data import generate_ade20k
+
+    return generate_ade20k(tmp_path_factory.mktemp("ade"), image_size=128, train=20, val=2)
+
+
+def ade_args(root, log_dir, *extra: str) -> list[str]:
+    return twin_args("ade20k", root, log_dir, "--data.init_args.batch_size=4", *extra)
+
+
+def edit_mask(root, index: int, edit) -> str:
+    path = sorted((root / "annotations" / "training").glob("*.png"))[index]
+    mask = np.asarray(Image.open(path)).copy()
+    Image.fromarray(edit(mask)).save(path)
+    return path.name
+
+
+def test_an_early_ade_label_above_num_classes_stops_before_training(ade_root, tmp_path, capsys) -> None:
+    root = tmp_path / "ade"
+    shutil.copytree(ade_root, root)
+    name = edit_mask(root, 0, lambda m: np.where(m == m.flat[0], 9, m).astype(np.uint8))
+    fails(capsys, ade_args(root, tmp_path / "logs"), name, "label value 9 is above num_classes=5")
+    assert untrained(tmp_path / "logs")
+
+
+def test_a_mask_of_another_size_stops_before_training(ade_root, tmp_path, capsys) -> None:
+    root = tmp_path / "ade"
+    shutil.copytree(ade_root, root)
+    name = edit_mask(root, 17, lambda m: m[:64])
+    fails(capsys, ade_args(root, tmp_path / "logs"), name, "differs from its image")
+
+
+def test_a_late_bad_ade_label_is_skipped_and_counted(ade_root, tmp_path, recwarn) -> None:
+    root = tmp_path / "ade"
+    shutil.copytree(ade_root, root)
+    name = edit_mask(root, 18, lambda m: np.full_like(m, 9))  # beyond the masks checked up front
+    callbacks = [
+        {
+            "class_path": "splitlab.callbacks.SplitSchedule",
+            "init_args": {"warm_start_epochs": 1, "rl_epochs": 0},
+        }
+    ]
+    main(
+        ade_args(
+            root, tmp_path / "logs", "--trainer.max_epochs=1", f"--trainer.callbacks={json.dumps(callbacks)}"
+        )
+    )
+    messages = [str(w.message) for w in recwarn]
+    assert any(name in m and "label value 9" in m for m in messages)
+    assert any("read(s) of unusable samples (" in m for m in messages)
+
+
+def test_a_missing_annotation_folder(ade_root, tmp_path, capsys) -> None:
+    root = tmp_path / "ade"
+    shutil.copytree(ade_root, root)
+    shutil.rmtree(root / "annotations" / "validation")
+    fails(capsys, ade_args(root, tmp_path / "logs"), "data.root/annotations/validation=")
+
+
+# ------------------------------------------------------------------------------------- checkpoints
+@pytest.fixture(scope="module")
+def trained(shapes_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained")
+    main(["fit", *tiny_args(shapes_root, out, *schedule_args(1, 1))])
+    return out / "checkpoints" / "last.ckpt"
+
+
+def test_a_missing_checkpoint(shapes_root, tmp_path, capsys) -> None:
+    fails(
+        capsys,
+        ["validate", *tiny_args(shapes_root, tmp_path), "--ckpt_path=/no/such.ckpt"],
+        "ckpt_path='/no/such.ckpt': no such checkpoint file",
+    )
+
+
+def test_a_truncated_checkpoint(shapes_root, trained, tmp_path, capsys) -> None:
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(trained.read_bytes()[:1000])
+    fails(
+        capsys,
+        ["validate", *tiny_args(shapes_root, tmp_path), f"--ckpt_path={broken}"],
+        f"ckpt_path='{broken}' is not a readable checkpoint",
+    )
+
+
+def test_last_with_nothing_to_resume(shapes_root, tmp_path, capsys) -> None:
+    fails(
+        capsys,
+        [*fit_args(shapes_root, tmp_path), "--ckpt_path=last"],
+        "ckpt_path=last: no checkpoint under",
+        "nothing to resume",
+    )
+
+
+def test_a_resume_with_changed_training_settings_is_refused(shapes_root, trained, tmp_path, capsys) -> None:
+    args = [
+        *fit_args(shapes_root, tmp_path, "--model.init_args.lr=0.002", "--model.init_args.budgets=[0.2,0.7]"),
+        f"--ckpt_path={trained}",
+    ]
+    fails(
+        capsys,
+        args,
+        "cannot change now",
+        "lr: checkpoint 0.0005, given 0.002",
+        "budgets: checkpoint [0.3, 0.7], given [0.2, 0.7]",
+    )
+
+
+def test_a_checkpoint_of_another_task(shapes_root, trained, tmp_path, capsys) -> None:
+    args = ["validate", *ade_args(tmp_path, tmp_path)[1:], f"--ckpt_path={trained}"]
+    fails(
+        capsys,
+        args,
+        "holds a splitlab.tasks.ClassificationTask, the config builds a splitlab.tasks.SegmentationTask",
+    )
+
+
+def test_an_unwritable_log_folder(shapes_root, tmp_path, capsys) -> None:
+    (tmp_path / "blocked").write_text("a file where the run folder should be")
+    fails(capsys, fit_args(shapes_root, tmp_path / "blocked"), "blocked")
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run(
+    shapes_root, tmp_path, capsys, monkeypatch
+) -> None:
+    import lightning.fabric.plugins.io.torch_io as torch_io
+
+    from splitlab.callbacks import VerifiedCheckpointIO
+
+    monkeypatch.setattr(
+        torch_io, "_atomic_save", lambda checkpoint, path: None
+    )  # Lightning swallowed the error
+    monkeypatch.setattr(
+        VerifiedCheckpointIO,
+        "__init__",
+        lambda self, retries=1, wait=0.0: (
+            setattr(self, "retries", retries),
+            setattr(self, "wait", wait),
+            None,
+        )[-1],
+    )
+    err = fails(
+        capsys, fit_args(shapes_root, tmp_path), "could not be written (nothing was written)", "checkpoints"
+    )
+    assert "the run stops so that no work is lost silently" in err
+
+
+def test_an_unwritable_picture_folder_is_a_warning(shapes_root, tmp_path) -> None:
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "token_maps").write_text("a file where the pictures should go")
+    with pytest.warns(UserWarning, match="token map not written"):
+        main(fit_args(shapes_root, tmp_path))
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_sigterm_leaves_a_checkpoint_and_last_resumes_the_unversioned_run(
+    shapes_root, tmp_path, capsys
+) -> None:
+    stop = {
+        "class_path": "tests.helpers.SignalAt",
+        "init_args": {"epoch": 1, "batch": 1, "signal_name": "SIGTERM"},
+    }
+    schedule = {
+        "class_path": "splitlab.callbacks.SplitSchedule",
+        "init_args": {"warm_start_epochs": 1, "rl_epochs": 2},
+    }
+    checkpoint = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"save_last": True},
+    }
+    unversioned = [
+        "--trainer.logger.init_args.name=run",
+        "--trainer.logger.init_args.version=null",
+    ]  # as the recipes
+    args = tiny_args(shapes_root, tmp_path, *unversioned, "--trainer.max_epochs=3")
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", *args, f"--trainer.callbacks={json.dumps([schedule, checkpoint, stop])}"])
+    assert exit_.value.code == 128 + 15
+    run = tmp_path / "run" / "version_0"
+    assert (run / "checkpoints" / "interrupted.ckpt").is_file()
+    main(["fit", *args, f"--trainer.callbacks={json.dumps([schedule, checkpoint])}", "--ckpt_path=last"])
+    assert not (tmp_path / "run" / "version_1").exists()  # the same run continued
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    epochs = {int(r["epoch"]) for r in rows if r.get("epoch")}
+    assert epochs == {0, 1, 2}  # the history before the stop survived the resume
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert state["epoch"] == 2 and state["splitlab"]["stage"] == "ppo"
+
+
+# ------------------------------------------------------------------------------------- commands
+COMMANDS = [
+    (["bench", "--batch-size", "0"], "argument --batch-size: 0 is not a positive integer"),
+    (["bench", "--batch-size", "-1"], "argument --batch-size: -1 is not a positive integer"),
+    (["bench", "--iters", "0"], "argument --iters: 0 is not a positive integer"),
+    (["bench", "--fraction", "0"], "argument --fraction: 0 is not a token fraction in (0, 1]"),
+    (["bench", "--device", "cuda"], "--device cuda: CUDA is not available"),
+    (["bench", "--ckpt", "/no/such.ckpt"], "/no/such.ckpt"),
+    (
+        ["bench", "--model", "test_vit", "--img-size", "64", "--images", "/no/such/folder"],
+        "--images /no/such/folder",
+    ),
+    (["curve", "/no/such/run"], "RUN_DIR/config.yaml: /no/such/run/config.yaml not found"),
+    (["curve", ".", "--fractions", ""], "give at least one fraction"),
+    (
+        ["data", "shapes", "--out", "x", "--image-size", "-4"],
+        "argument --image-size: -4 is not a positive integer",
+    ),
+    (["data", "shapes", "--out", "x", "--image-size", "16"], "image_size=16: use at least 32 px"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), COMMANDS, ids=[" ".join(a[:3]) for a, _ in COMMANDS])
+def test_command_arguments_are_checked(capsys, argv, message) -> None:
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    fails(capsys, argv, message)
