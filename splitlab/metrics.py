@@ -51,6 +51,21 @@ def cell_classes(
     return is_object.any(-1), valid.any(-1) & (lo != hi)
 
 
+def instance_label_map(
+    boxes: Tensor, labels: Tensor, size: tuple[int, int], masks: Tensor | None = None
+) -> Tensor:
+    """``(H, W)`` map of one image's instances for `FineCoverage`: 0 background, each instance its
+    label (its mask where given, else its box), later instances over earlier ones."""
+    out = torch.zeros(size, dtype=torch.long, device=boxes.device)
+    for i, (box, label) in enumerate(zip(boxes.round().long().tolist(), labels.tolist(), strict=True)):
+        if masks is not None:
+            out[masks[i].bool()[: size[0], : size[1]]] = int(label)
+        else:
+            x0, y0, x1, y1 = box
+            out[max(y0, 0) : max(y1, 0), max(x0, 0) : max(x1, 0)] = int(label)
+    return out
+
+
 class FineCoverage(Metric):
     """Share of object cells and of class-boundary cells that get finest-level tokens.
 

@@ -16,8 +16,10 @@ def summary_record(
     lam: float,
     policies: dict[str, dict[str, float]],
     stage: str,
+    trained_policy: str = "learned",
 ) -> dict[str, Any]:
-    """The content of `summary.json`: one row per evaluated layout policy."""
+    """The content of `summary.json`: one row per evaluated layout policy; the row named
+    ``trained_policy`` is the policy this run trained (the others share its backbone)."""
     rows = {}
     for name, values in policies.items():
         rows[name] = {
@@ -35,6 +37,7 @@ def summary_record(
         "task": task,
         "metric": metric,
         "stage": stage,
+        "trained_policy": trained_policy,
         "target_fraction": target_fraction,
         "lambda": lam,
         "policies": rows,
@@ -54,8 +57,10 @@ def format_table(record: dict[str, Any]) -> str:
     """The comparison as a fixed-width text table."""
     metric = record["metric"]
     header = f"{'policy':<14} {metric:>10} {'fraction':>10} {'± std':>8} {'img/s':>10}"
+    trained = record.get("trained_policy", "learned")
     lines = [
-        f"{record['task']} ({record['stage']}): target fraction {record['target_fraction']:.2f}, lambda {record['lambda']:.4f}",
+        f"{record['task']} ({record['stage']}, trained policy: {trained}): target fraction "
+        f"{record['target_fraction']:.2f}, lambda {record['lambda']:.4f}",
         header,
         "-" * len(header),
     ]
@@ -115,6 +120,67 @@ def plot_curve(record: dict[str, Any], path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Trained policies side by side: per run its trained row; the uniform grid from the first run."""
+    first = next(iter(summaries.values()))
+    metric = first["metric"]
+    rows = []
+    for run, summary in summaries.items():
+        if summary["metric"] != metric:
+            raise ValueError(f"{run}: metric {summary['metric']!r}, the first run reports {metric!r}")
+        trained = summary.get("trained_policy", "learned")
+        row = summary["policies"][trained]
+        rows.append({"run": run, "trained_policy": trained, **{k: row.get(k) for k in CURVE_KEYS}})
+    uniform = first["policies"].get("uniform")
+    if uniform is not None:
+        rows.append(
+            {"run": "(uniform grid)", "trained_policy": "uniform", **{k: uniform.get(k) for k in CURVE_KEYS}}
+        )
+    return {
+        "task": first["task"],
+        "metric": metric,
+        "target_fraction": first["target_fraction"],
+        "rows": rows,
+    }
+
+
+def format_compare(record: dict[str, Any]) -> str:
+    """The comparison as a markdown table."""
+    metric = record["metric"]
+    lines = [
+        f"| run | trained policy | {metric} | fraction | max fraction | img/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in record["rows"]:
+        lines.append(
+            f"| {r['run']} | {r['trained_policy']} | {r['metric']:.4f} | {r['token_fraction_mean']:.3f} | "
+            f"{(r['token_fraction_max'] or float('nan')):.3f} | {r['images_per_second']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_compare(record: dict[str, Any], path: str | Path) -> Path:
+    """Each trained policy's metric at its realised token fraction."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in record["rows"]:
+        ax.plot(r["token_fraction_mean"], r["metric"], "o", label=f"{r['trained_policy']} ({r['run']})")
+    ax.set(
+        xlabel="realised token fraction", ylabel=record["metric"], title=f"{record['task']}: trained policies"
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

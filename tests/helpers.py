@@ -139,6 +139,7 @@ class RankProbe(Callback):
             "world_size": trainer.world_size,
             "steps": pl_module.controller.total_steps,
             "batches_run_here": self.batches,
+            "draw": torch.rand(4, generator=pl_module.generator).tolist(),  # this rank's sampling stream
         }
         os.makedirs(self.out, exist_ok=True)
         torch.save(state, os.path.join(self.out, f"rank{trainer.global_rank}.pt"))

@@ -28,6 +28,7 @@ TRAINING = {
     "policy_lr",
     "imitation_lr",
     "imitation_weight",
+    "teacher_forcing",
     "grad_clip",
     "ppo",
     "lambda_lr",

@@ -1,6 +1,6 @@
 """``splitlab``: the LightningCLI subcommands (fit, validate, test, predict) plus splitlab's own tools.
 
-``splitlab data | demo | bench | curve`` are argparse commands in this room; everything else goes to
+``splitlab data | demo | bench | curve | compare`` are argparse commands in this room; everything else goes to
 `splitlab.cli` (the same LightningCLI as the ``lightning`` command). Nothing imports back here.
 """
 
@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from splitlab.cli import main as lightning_main
 from splitlab.cli import reporting_errors
-from splitlab.commands import bench, curve, data, demo
+from splitlab.commands import bench, compare, curve, data, demo
 
-TOOLS = {"data": data, "demo": demo, "bench": bench, "curve": curve}
+TOOLS = {"data": data, "demo": demo, "bench": bench, "curve": curve, "compare": compare}
 OVERRIDABLE = {"curve"}  # tools that pass further --data.* / --model.* / --trainer.* arguments on
 
 
@@ -35,7 +35,7 @@ def run(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``splitlab {fit,validate,test,predict,data,demo,bench,curve} ...``."""
+    """``splitlab {fit,validate,test,predict,data,demo,bench,curve,compare} ...``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in TOOLS:
         sys.exit(reporting_errors(lambda: run(argv)))

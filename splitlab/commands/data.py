@@ -21,6 +21,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     shapes.add_argument("--seed", type=int, default=0)
     shapes.add_argument("--format", choices=("imagefolder", "hf"), default="imagefolder")
     shapes.add_argument("--detail", type=positive_int, default=2, help="pattern feature width in pixels")
+    shapes.add_argument(
+        "--background",
+        choices=("busy", "flat"),
+        default="busy",
+        help="busy texture (entropy points away from the object) or one plain colour (entropy is the right cue)",
+    )
     for name, help_ in (
         ("ade20k", "ADE20K-layout segmentation scenes"),
         ("coco", "COCO-format detection scenes (instances JSON)"),
@@ -38,7 +44,15 @@ def main(args: argparse.Namespace) -> int:
 
     if args.kind == "shapes":
         out = generate_shapes(
-            args.out, args.image_size, args.train, args.val, args.test, args.seed, args.format, args.detail
+            args.out,
+            args.image_size,
+            args.train,
+            args.val,
+            args.test,
+            args.seed,
+            args.format,
+            args.detail,
+            args.background,
         )
         print(f"wrote {args.format} dataset to {out}")
     else:

@@ -21,6 +21,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--out", default="runs/demo", help="run directory (summary.json and token maps land here)"
     )
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--task", choices=sorted(PIPELINES), default="classification", help="which CI twin")
+    demo.add_argument(
+        "--policy",
+        choices=("learned", "entropy", "random"),
+        default="learned",
+        help="the policy to train: SPLIT, or APT (entropy) / random fine-tuned in the same pipeline",
+    )
+    demo.add_argument(
+        "--background", choices=("busy", "flat"), default="busy", help="generated shapes' background"
+    )
+    demo.add_argument(
+        "--reuse",
+        default=None,
+        help="take data and dense backbone from this earlier demo run (like for like)",
+    )
 
 
 # CI twins: recipe, its tiny CI config, the config of the dense (backbone) stage, the data generator.
@@ -41,17 +56,28 @@ def ci_recipe(task: str = "classification") -> list[str]:
     return ["--config", str(paths[0]), "--config", str(paths[1])]
 
 
-def generate_for(task: str, out: Path, seed: int) -> None:
+def generate_for(task: str, out: Path, seed: int, background: str = "busy") -> None:
     """The generated dataset a CI twin reads."""
     from splitlab.data import generate_ade20k, generate_coco, generate_shapes
 
     if task == "classification":
-        generate_shapes(out, seed=seed)
+        generate_shapes(out, seed=seed, background=background)
     elif task == "coco":
         generate_coco(out, train=300, val=80, seed=seed)
     else:
         generate_ade20k(out, train=300, val=80, seed=seed)
     (out / ".complete").write_text("")
+
+
+def policy_args(policy: str) -> list[str]:
+    """Settings that make ``policy`` the trained one (a fixed policy has no budgets to condition on)."""
+    if policy == "learned":
+        return []
+    return [
+        f"--model.init_args.policy={policy}",
+        "--model.init_args.budgets=null",
+        "--model.init_args.eval_budgets=[]",
+    ]
 
 
 def run_pipeline(
@@ -60,20 +86,28 @@ def run_pipeline(
     extra: Sequence[str] = (),
     quiet: bool = False,
     task: str = "classification",
+    policy: str = "learned",
+    background: str = "busy",
+    reuse: str | Path | None = None,
 ) -> dict:
     """Generated data -> dense backbone -> warm start + PPO, all through the LightningCLI.
 
     Returns the run's summary record (also in ``<out>/summary.json``). Finished steps (data, the
-    dense backbone) are reused when ``out`` already holds them.
+    dense backbone) are reused when ``out`` already holds them, or taken from the run ``reuse``
+    (so that SPLIT and APT start from the same data and backbone).
     """
     from splitlab.cli import lightning_main
 
     if task not in PIPELINES:
         raise ValueError(f"task={task!r}: expected one of {sorted(PIPELINES)}")
     out = Path(out)
-    data = out / "data"
+    source = Path(reuse) if reuse is not None else out
+    data = source / "data"
     if not (data / ".complete").exists():
-        generate_for(task, data, seed)
+        if reuse is not None:
+            raise FileNotFoundError(f"--reuse {reuse}: no finished demo run there (no data/.complete)")
+        generate_for(task, data, seed, background)
+    extra = [*policy_args(policy), *extra]
     # overrides follow every --config, so the dense stage's config cannot reset them
     overrides = [
         f"--data.init_args.root={data}",
@@ -84,7 +118,9 @@ def run_pipeline(
     ]
     if quiet:
         overrides += ["--trainer.enable_progress_bar=false"]
-    pretrain = out / "pretrain" / "checkpoints" / "last.ckpt"
+    pretrain = source / "pretrain" / "checkpoints" / "last.ckpt"
+    if not pretrain.exists() and reuse is not None:
+        raise FileNotFoundError(f"--reuse {reuse}: no dense backbone there ({pretrain})")
     if not pretrain.exists():
         dense = REPO / "configs" / "ci" / PIPELINES[task][2]
         version = "--trainer.logger.init_args.version=pretrain"
@@ -104,7 +140,9 @@ def run_pipeline(
 
 
 def main(args: argparse.Namespace) -> int:
-    record = run_pipeline(args.out, args.seed)
+    record = run_pipeline(
+        args.out, args.seed, task=args.task, policy=args.policy, background=args.background, reuse=args.reuse
+    )
     print("\n" + format_table(record))
     print(f"\nsummary: {Path(args.out) / 'summary.json'}   token maps: {Path(args.out) / 'token_maps'}")
     return 0

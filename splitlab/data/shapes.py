@@ -19,8 +19,15 @@ CLASSES = ("hstripes", "vstripes", "checks", "dots")
 SPLITS = ("train", "val", "test")
 
 
-def _background(rng: np.random.Generator, size: int) -> np.ndarray:
-    """Busy texture: blocky colour noise at several scales plus pixel noise."""
+BACKGROUNDS = ("busy", "flat")
+
+
+def _background(rng: np.random.Generator, size: int, kind: str = "busy") -> np.ndarray:
+    """``busy``: blocky colour noise at several scales plus pixel noise (pixel entropy points away
+    from the object). ``flat``: one plain colour per image, so the object is the only busy region
+    and pixel entropy is the right cue."""
+    if kind == "flat":
+        return np.broadcast_to(rng.random(3, dtype=np.float32) * 0.6 + 0.2, (size, size, 3)).copy()
     img = np.zeros((size, size, 3), dtype=np.float32)
     for cell in (2, 4, 8):
         n = size // cell
@@ -50,9 +57,10 @@ def render(
     size: int = 64,
     object_size: tuple[int, int] = (16, 24),
     detail: int = 2,
+    background: str = "busy",
 ) -> tuple[np.ndarray, tuple[int, int, int, int]]:
     """One image of class ``kind`` and the object's box ``(x0, y0, x1, y1)``."""
-    img = _background(rng, size)
+    img = _background(rng, size, background)
     side = int(rng.integers(object_size[0], object_size[1] + 1))
     x0, y0 = (int(v) for v in rng.integers(0, size - side + 1, size=2))
     dark = rng.random(3) * 0.3
@@ -73,6 +81,7 @@ def generate_shapes(
     seed: int = 0,
     fmt: str = "imagefolder",
     detail: int = 2,
+    background: str = "busy",
 ) -> Path:
     """Write the dataset (counts are per class).
 
@@ -86,11 +95,15 @@ def generate_shapes(
             downsampling of a coarse token averages them to flat colour. (At 1 px the finest patch
             embeddings differ so strongly that the children projection carries the class into
             coarse tokens, and every layout does well: measured random 93-97%, entropy 85%.)
+        background: ``busy`` (default: pixel entropy is a poor guide) or ``flat`` (entropy is the
+            right cue: the control on which a learned policy must at least match APT).
     """
     if image_size < 32:
         raise ValueError(f"image_size={image_size}: use at least 32 px so the object fits")
     if fmt not in ("imagefolder", "hf"):
         raise ValueError(f"format={fmt!r}: expected 'imagefolder' or 'hf'")
+    if background not in BACKGROUNDS:
+        raise ValueError(f"background={background!r}: expected one of {BACKGROUNDS}")
     out = Path(out)
     rng = np.random.default_rng(seed)
     object_size = (image_size * 3 // 16, image_size * 5 // 16)
@@ -99,7 +112,7 @@ def generate_shapes(
     for split in SPLITS:
         for label, kind in enumerate(CLASSES):
             for _ in range(counts[split]):
-                img, _ = render(kind, rng, image_size, object_size, detail)
+                img, _ = render(kind, rng, image_size, object_size, detail, background)
                 records[split].append((img, label))
     if fmt == "imagefolder":
         for split, items in records.items():
@@ -129,6 +142,7 @@ def generate_shapes(
         "seed": seed,
         "format": fmt,
         "detail": detail,
+        "background": background,
     }
     (out / "splitlab_dataset.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out

@@ -150,19 +150,21 @@ class DetectionHead(nn.Module):
         self,
         outputs: dict[str, Any],
         targets: Sequence[dict[str, Tensor]],
-        seed: int,
+        seeds: Sequence[int],
         reference: bool = False,
     ) -> Tensor:
         """Each image's detection loss (RPN + RoI), ``(B,)``.
 
         The heads run image by image, since torchvision pools its loss normalisers over the batch.
-        Its samplers draw from the global RNG: that stream is forked and seeded with ``seed``, so
-        losses do not disturb the data order or dropout of a run, and repeat for the same seed.
+        Its samplers (anchor and RoI sampling, reference proposals) draw from the global RNG: that
+        stream is forked, and reseeded with each image's seed, so losses do not disturb the data
+        order or dropout of a run, and rows with the same seed (PPO's rollouts of one image) see
+        the same random draws: their losses differ by their layouts only.
 
         Args:
             outputs: `forward`'s result.
             targets: per image ``boxes`` (xyxy, input pixels), ``labels`` and optional ``masks``.
-            seed: seed of the samplers' random draws.
+            seeds: one seed per image for the samplers' random draws.
             reference: take the RoI loss on `reference_proposals` instead of the RPN's (PPO).
         """
         detector = self.detector
@@ -170,8 +172,8 @@ class DetectionHead(nn.Module):
         device = next(iter(outputs["features"].values())).device
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), heads_in_train_mode(detector):
-            torch.manual_seed(seed)
-            for i, target in enumerate(targets):
+            for i, (target, seed) in enumerate(zip(targets, seeds, strict=True)):
+                torch.manual_seed(int(seed))
                 feats = OrderedDict((k, v[i : i + 1]) for k, v in outputs["features"].items())
                 h, w = outputs["image_sizes"][i]
                 images = ImageList(self._canvas(feats, 1, h, w), [(h, w)])

@@ -90,6 +90,8 @@ class SimpleFeaturePyramid(nn.Module):
         check_pyramid_grid(backbone.img_size, backbone.patch_size, scales)
         if len(chosen) not in (1, len(scales)):
             raise ValueError(f"pyramid_indices={chosen}: give 1 or {len(scales)} blocks")
+        if len({i % depth for i in chosen}) != len(chosen):
+            raise ValueError(f"pyramid_indices={chosen}: each pyramid level needs its own block")
         return cls(backbone.embed_dim, out_channels, len(chosen), scales, [i % depth for i in chosen])
 
     def forward_packed(self, features: PackedFeatures) -> OrderedDict[str, Tensor]:

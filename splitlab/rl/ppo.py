@@ -19,6 +19,12 @@ class PPOConfig:
         clip: surrogate clip range.
         entropy_coef: weight of the mean decision entropy bonus.
         max_grad_norm: gradient clipping of the policy update.
+        normalize: ``rollout``: each rollout's surrogate is the mean over its own decisions, then
+            rollouts are averaged (every image weighs the same); ``decision``: the sum over all
+            decisions of the batch divided by their number (every decision weighs the same). See
+            `ppo_policy_loss` for the difference, measured in docs/comparison.md.
+        target_kl: stop a batch's policy epochs early once the approximate KL to the rollout policy
+            passes 1.5x this (None: always run ``epochs``).
     """
 
     samples: int = 4
@@ -26,6 +32,14 @@ class PPOConfig:
     clip: float = 0.2
     entropy_coef: float = 0.01
     max_grad_norm: float = 1.0
+    normalize: str = "decision"
+    target_kl: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.normalize not in ("rollout", "decision"):
+            raise ValueError(f"ppo.normalize={self.normalize!r}: expected 'rollout' or 'decision'")
+        if self.samples < 1 or self.epochs < 1:
+            raise ValueError(f"ppo.samples={self.samples}, ppo.epochs={self.epochs}: both must be at least 1")
 
 
 def advantages(
@@ -59,13 +73,18 @@ def ppo_policy_loss(
     advantage: Tensor,
     clip: float = 0.2,
     entropy_coef: float = 0.01,
+    normalize: str = "decision",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped PPO surrogate with one ratio per decision of a factored policy.
 
     Each decision of a rollout is an action that shares its rollout's advantage. Ratios per
     decision, rather than one ratio of the product over an image's 10-100 decisions, keep the
-    ratio near 1 and the clipping meaningful. Per rollout the surrogate and entropy are averaged
-    over its decisions (so images with many candidates do not dominate), then over rollouts.
+    ratio near 1 and the clipping meaningful. With ``normalize="rollout"`` the surrogate and entropy
+    are averaged per rollout over its decisions, then over rollouts: every image weighs the same,
+    so a decision of an image with few candidates weighs more than one of an image with many
+    (that is a reweighting of the policy gradient, not the gradient of the expected reward).
+    ``normalize="decision"`` sums over all decisions and divides by their total: the unbiased
+    per-decision average.
     The distribution itself stays with the caller (SPLIT's is a Bernoulli per patch,
     `splitlab.tokenizer.policy`): PPO only needs log-probabilities and entropies.
 
@@ -98,8 +117,12 @@ def ppo_policy_loss(
         kl = kl + (((ratio - 1.0) - log_ratio) * mask).flatten(1).sum(1).detach()
         count = count + mask.flatten(1).sum(1)
     count = count.clamp(min=1.0)
+    if normalize == "decision":
+        total = count.sum()
+        loss = -surrogate.sum() / total - entropy_coef * total_entropy.sum() / total
+    else:
+        loss = -(surrogate / count).mean() - entropy_coef * (total_entropy / count).mean()
     surrogate, mean_entropy = surrogate / count, total_entropy / count
-    loss = -surrogate.mean() - entropy_coef * mean_entropy.mean()
     stats = {
         "surrogate": surrogate.mean().detach(),
         "entropy": mean_entropy.mean().detach(),

@@ -18,6 +18,8 @@ from splitlab.tasks.state import TaskState
 from splitlab.tasks.training import Stage, StageTraining
 from splitlab.tokenizer import BASELINES, Levels, SplitTokenizer, TokenLayout, baseline_scores, budget_points
 
+POLICIES = ("learned", "entropy", "random")
+
 
 class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
     """A SPLIT model for one task: tokenizer + `PackedViT` + task head, trained in stages.
@@ -64,12 +66,18 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         imitation_lr: learning rate of the decision module in the warm start (imitation is an
             easy supervised problem; PPO needs small steps so λ can keep up with the policy).
         imitation_weight: weight of the warm-start BCE.
+        teacher_forcing: share of warm-start images whose layout is the imitation labels instead of
+            a sample of the policy (`warm_start_layout`).
         grad_clip: gradient-norm clip of the task update.
         ppo: PPO settings.
         lambda_lr: integral step of the fraction controller.
         lambda_gain: proportional gain of the fraction controller.
         lambda_damping: derivative gain of the fraction controller.
         lambda_init: starting λ.
+        policy: the layout policy this run trains and deploys: ``learned`` (SPLIT), or ``entropy``
+            (APT: the warm start fine-tunes backbone and head on entropy layouts at the target
+            fraction and PPO is skipped) or ``random``, trained in the same pipeline with the same
+            epochs, for a comparison between equally fine-tuned models.
         eval_baselines: baselines evaluated beside the learned layout in validation at the end of
             fit, in ``validate`` and in ``test`` (at the learned layout's realised fraction).
         init_checkpoint: weights to start from (a splitlab checkpoint, e.g. a ``dense`` run).
@@ -101,12 +109,14 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         policy_lr: float = 3e-4,
         imitation_lr: float = 1e-3,
         imitation_weight: float = 1.0,
+        teacher_forcing: float = 0.5,
         grad_clip: float = 1.0,
         ppo: PPOConfig | None = None,
         lambda_lr: float = 0.1,
         lambda_gain: float = 0.5,
         lambda_damping: float = 0.0,
         lambda_init: float = 0.0,
+        policy: str = "learned",
         eval_baselines: Sequence[str] = ("uniform", "random", "entropy"),
         init_checkpoint: str | None = None,
         sampling_seed: int = 0,
@@ -114,6 +124,12 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
+        if policy not in POLICIES:
+            raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
+        if policy != "learned" and budgets is not None:
+            raise ValueError(
+                f"budgets={list(budgets)} needs policy='learned' (a {policy} layout reads no budget)"
+            )
         unknown = [b for b in eval_baselines if b not in BASELINES]
         if unknown:
             raise ValueError(
@@ -233,12 +249,13 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         budget: float | None = None,
     ) -> TokenLayout:
         """A layout for ``images``: the learned policy at ``budget`` (default ``target_fraction``; the
-        hard cap applies) or a baseline at ``fraction``."""
+        hard cap applies) or a baseline at ``fraction`` (default: the budget)."""
+        budget = self.target_fraction if budget is None else budget
         if policy == "learned":
-            budget = self.target_fraction if budget is None else budget
             return self.tokenizer(
                 images, self.backbone, mode="threshold", budget=budget, max_tokens=self.max_tokens
             )
+        fraction = budget if fraction is None else fraction
         generator = torch.Generator(images.device).manual_seed(seed)
         mean, std = self.normalisation
         scores, threshold = baseline_scores(
@@ -274,8 +291,9 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
     # ----------------------------------------------------------------------------- stages
     @property
     def deployed_policy(self) -> str:
-        """What inference uses: the learned policy, or the uniform grid while only dense training has run."""
-        return "uniform" if self.stage == "dense" else "learned"
+        """What inference uses: the trained policy (``policy``), or the uniform grid while only dense
+        training has run."""
+        return "uniform" if self.stage == "dense" else self.hparams.policy
 
     def _mean_over_ranks(self, value: Tensor) -> Tensor:
         if self._trainer is None or self.trainer.world_size == 1:

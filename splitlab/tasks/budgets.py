@@ -51,7 +51,7 @@ class BudgetTraining:
         """
         count = int(self.hparams.calibration_images)
         loader = self.trainer.train_dataloader if self._trainer is not None else None
-        if count <= 0 or self.stage == "dense" or not isinstance(loader, DataLoader):
+        if count <= 0 or self.deployed_policy != "learned" or not isinstance(loader, DataLoader):
             return
         dataset = loader.dataset
         order = torch.randperm(

@@ -13,6 +13,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.detection import MeanAveragePrecision
 
 from splitlab.heads import DetectionHead
+from splitlab.metrics import FineCoverage, instance_label_map
 from splitlab.tasks.dense import DenseTask
 from splitlab.tokenizer import TokenLayout
 
@@ -22,11 +23,15 @@ def map_backend() -> str:
     return "faster_coco_eval" if importlib.util.find_spec("faster_coco_eval") else "pycocotools"
 
 
-def detection_metrics() -> MetricCollection:
-    """COCO box mAP (map, map_50, map_75, ...) with torchmetrics, in the original images' pixels."""
-    return MetricCollection(
-        {"map": MeanAveragePrecision(iou_type="bbox", box_format="xyxy", backend=map_backend())}
-    )
+def detection_metrics(cell: int | None = None) -> MetricCollection:
+    """COCO box mAP (map, map_50, map_75, ...) with torchmetrics, in the original images' pixels;
+    with ``cell`` (the finest patch size) also the fine-token coverage of objects and their edges."""
+    metrics: dict[str, Any] = {
+        "map": MeanAveragePrecision(iou_type="bbox", box_format="xyxy", backend=map_backend())
+    }
+    if cell is not None:
+        metrics["coverage"] = FineCoverage(cell, ignore_index=-1, background=(0,))
+    return MetricCollection(metrics, compute_groups=False)
 
 
 class DetectionTask(DenseTask):
@@ -79,12 +84,15 @@ class DetectionTask(DenseTask):
         return list(targets) * times
 
     def per_sample_loss(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> Tensor:
-        # the heads' samplers are seeded from the policy's generator, so resumed runs repeat them
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator, device=self.generator.device))
-        return self.head.per_image_loss(outputs, targets, seed, reference=self.stage == "ppo")
+        # The heads' samplers are seeded from the policy's generator (resumed runs repeat them), one
+        # seed per image id: PPO's rollouts of one image share their draws, so the advantage
+        # measures the layout, not the sampling noise.
+        base = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator, device=self.generator.device))
+        seeds = [base + 7919 * int(t.get("image_id", torch.tensor(i))) for i, t in enumerate(targets)]
+        return self.head.per_image_loss(outputs, targets, seeds, reference=self.stage == "ppo")
 
     def build_metrics(self) -> MetricCollection:
-        return detection_metrics()
+        return detection_metrics(self.levels.finest)
 
     def update_metrics(
         self,
@@ -105,6 +113,10 @@ class DetectionTask(DenseTask):
             )
             truth.append({"boxes": tgt["boxes"].float() / scale, "labels": tgt["labels"]})
         metrics["map"].update(preds, truth)
+        if "coverage" in metrics:  # where the fine tokens go: on the objects (masks, else boxes)?
+            size = tuple(h * self.levels.finest for h in layout.grid_size)
+            maps = [instance_label_map(t["boxes"], t["labels"], size, t.get("masks")) for t in targets]
+            metrics["coverage"].update(layout, torch.stack(maps))
 
     def describe_prediction(self, outputs: dict[str, Any], index: int) -> dict[str, Any]:
         one = {

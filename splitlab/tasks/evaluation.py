@@ -118,6 +118,7 @@ class PolicyEvaluation:
             self.controller.value_at(self.target_fraction),
             results,
             str(self.trainer.state.fn.value),
+            trained_policy=self.deployed_policy,
         )
         log_dir = self.trainer.log_dir or self.trainer.default_root_dir
         if self.trainer.is_global_zero:

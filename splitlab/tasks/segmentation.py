@@ -49,6 +49,9 @@ class SegmentationTask(DenseTask):
 
     def configure_head(self) -> SegmentationHead:
         hp = self.hparams
+        outside = [c for c in hp.background_classes if not 0 <= c < hp.num_classes]
+        if outside:
+            raise ValueError(f"background_classes {outside} are not classes of num_classes={hp.num_classes}")
         return SegmentationHead(self.build_pyramid(), hp.num_classes, hp.decode_head, hp.auxiliary_head)
 
     def per_sample_loss(self, outputs: dict[str, Tensor], targets: Tensor) -> Tensor:

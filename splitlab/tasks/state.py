@@ -14,14 +14,32 @@ class TaskState:
     weights, and the checks that a checkpoint and a data module fit the model before work starts."""
 
     @property
+    def rank(self) -> int:
+        return self.trainer.global_rank if self._trainer is not None else 0
+
+    @property
     def generator(self) -> torch.Generator:
-        """The policy's sampling generator (seeded, checkpointed, on the model's device)."""
+        """The policy's sampling generator (seeded, checkpointed, on the model's device).
+
+        Each DDP rank has its own stream (the seed is offset by the rank), so the ranks' rollouts
+        explore differently; all ranks' states go into the checkpoint, and each takes its own back.
+        """
         if self._generator is None or self._generator.device != self.device:
-            self._generator = torch.Generator(self.device).manual_seed(int(self.hparams.sampling_seed))
+            seed = int(self.hparams.sampling_seed) + 1_000_003 * self.rank
+            self._generator = torch.Generator(self.device).manual_seed(seed)
             if self._pending_generator_state is not None:
                 self._generator.set_state(self._pending_generator_state)
                 self._pending_generator_state = None
         return self._generator
+
+    def _generator_states(self) -> list[torch.Tensor]:
+        """Every rank's generator state (gathered: only rank 0 writes the checkpoint)."""
+        state = self.generator.get_state()
+        if self._trainer is None or self.trainer.world_size == 1:
+            return [state]
+        gathered = self.trainer.strategy.all_gather(state.to(self.device))
+        # clone: a generator's set_state reads a row view of one shared storage wrongly (segfault)
+        return [g.cpu().clone() for g in gathered.reshape(self.trainer.world_size, -1)]
 
     @property
     def num_classes(self) -> int | None:
@@ -69,7 +87,7 @@ class TaskState:
         checkpoint["splitlab"] = {
             "task_class": f"{type(self).__module__}.{type(self).__qualname__}",
             "stage": self.stage,
-            "generator": self.generator.get_state(),
+            "generators": self._generator_states(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -88,9 +106,10 @@ class TaskState:
         state = checkpoint.get("splitlab", {})
         if "stage" in state:
             self.stage = state["stage"]
-        if "generator" in state:
+        states = state.get("generators", [state["generator"]] if "generator" in state else [])
+        if states:
             self._generator = None
-            self._pending_generator_state = state["generator"]
+            self._pending_generator_state = states[self.rank].clone() if self.rank < len(states) else None
 
 
 def load_task(path: str | Path, map_location: Any = "cpu") -> Any:

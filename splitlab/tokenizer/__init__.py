@@ -14,6 +14,7 @@ from splitlab.tokenizer.baselines import (
     calibrate_threshold,
     entropy_scores,
     expected_random_fraction,
+    level_quantiles,
     patch_entropy,
     random_split_rate,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "expected_random_fraction",
     "fraction_of",
     "leaf_masks",
+    "level_quantiles",
     "patch_entropy",
     "random_split_rate",
     "warm_start_labels",

@@ -60,20 +60,24 @@ class MultiScalePatchEmbed(nn.Module):
         """Embed ``images`` at every level.
 
         Returns:
-            ``tokens`` (content + position + level, what enters the blocks) and ``content``
-            (patch content only, used for warm-start labels), each a list of ``(B, h_k, w_k, D)``
-            tensors, coarse to fine.
+            ``tokens`` (content + position + level, what enters the blocks) and ``raw`` (the
+            backbone's patch embedding of each level's downsampled patches alone, without the
+            trainable children projection: the warm-start labels read these, so their target does
+            not drift while that projection trains), each a list of ``(B, h_k, w_k, D)`` tensors,
+            coarse to fine.
         """
         self.levels.check_image(images.shape[-2:])
         h, w = images.shape[-2:]
-        content: list[Tensor] = [source.embed_patches(images)]
+        raw: list[Tensor] = [source.embed_patches(images)]
+        content: list[Tensor] = [raw[0]]
         for k in reversed(range(self.levels.num - 1)):
             factor = self.levels.cells(k)
             small = F.interpolate(
                 images, size=(h // factor, w // factor), mode="bilinear", antialias=True, align_corners=False
             )
             children = space_to_depth(content[0]).flatten(-2)
-            content.insert(0, source.embed_patches(small) + self.child_proj[k](children))
+            raw.insert(0, source.embed_patches(small))
+            content.insert(0, raw[0] + self.child_proj[k](children))
         tokens = []
         for k, c in enumerate(content):
             pos = source.pos_embed_grid((c.shape[1], c.shape[2]))
@@ -81,4 +85,4 @@ class MultiScalePatchEmbed(nn.Module):
             if k < self.levels.num - 1:
                 t = t + self.level_embed[k].to(c.dtype)
             tokens.append(t)
-        return tokens, content
+        return tokens, raw

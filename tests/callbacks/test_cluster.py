@@ -63,6 +63,7 @@ def test_sigusr1_checkpoints_requeues_and_resumes_exactly(shapes_root, tmp_path)
         assert first["batches_run_here"] + got["batches_run_here"] == ref["batches_run_here"]
         assert got["stage"] == ref["stage"] == "ppo" and got["steps"] == ref["steps"]
         assert got["lambda"] == ref["lambda"] and got["cuts"] == ref["cuts"]
+        assert got["draw"] == ref["draw"]  # each rank's sampling stream came back from the checkpoint
         for key, value in ref["decision"].items():
             assert torch.equal(value, got["decision"][key]), key
         assert torch.equal(ref["backbone_head"], got["backbone_head"])

@@ -53,7 +53,9 @@ def test_bench_from_a_checkpoint(shapes_root, tmp_path) -> None:
             ckpt=str(tmp_path / "checkpoints" / "last.ckpt"), fraction=None, batch_size=2, warmup=0, iters=1
         )
     )
-    assert result["config"]["levels"] == [32, 16, 8] and 0 < result["token_fraction"] <= 1
+    assert result["config"]["levels"] == [32, 16, 8]
+    assert result["token_fraction"] == pytest.approx(result["tokens_split_mean"] / result["tokens_uniform"])
+    assert (result["ideal_speedup"] > 1.0) == (result["token_fraction"] < 1.0)
 
 
 @pytest.mark.parametrize(

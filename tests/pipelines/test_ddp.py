@@ -27,3 +27,4 @@ def test_two_rank_ddp_run_agrees(shapes_root, tmp_path) -> None:
     for key, value in ranks[0]["decision"].items():
         assert torch.equal(value, ranks[1]["decision"][key]), key
     assert torch.equal(ranks[0]["backbone_head"], ranks[1]["backbone_head"])
+    assert ranks[0]["draw"] != ranks[1]["draw"]  # but every rank samples its own rollouts

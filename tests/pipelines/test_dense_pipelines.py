@@ -29,11 +29,16 @@ def test_fit_writes_a_summary(runs, task, metric) -> None:
     _, record = runs[task]
     assert record["metric"] == metric and record["stage"] == "fit" and record["lambda"] >= 0
     assert set(record["policies"]) == {"learned", "uniform", "random", "entropy"}
-    for row in record["policies"].values():
-        assert (
-            0 <= row["metric"] <= 1 and 0 < row["token_fraction_mean"] <= 1 and row["images_per_second"] > 0
-        )
-    assert abs(_row(record, "learned")["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    learned = _row(record, "learned")
+    assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    for baseline in ("random", "entropy"):  # compared at the learned layout's fraction
+        assert abs(_row(record, baseline)["token_fraction_mean"] - learned["token_fraction_mean"]) <= 0.03
+    uniform = _row(record, "uniform")
+    assert uniform["token_fraction_mean"] == 1.0
+    assert (
+        uniform["metric"] > {"miou": 0.6, "map": 0.15}[metric]
+    )  # the dense stage trained a working backbone
+    assert learned["images_per_second"] > 0
 
 
 @pytest.mark.parametrize("task", ["ade20k", "coco"])

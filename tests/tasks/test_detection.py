@@ -123,4 +123,13 @@ def test_detection_per_image_loss_and_metrics(tmp_path, detector) -> None:
     with torch.no_grad():
         outputs, layout = task(images)
         task.update_metrics(metrics, outputs, targets, layout)
-    assert 0.0 <= metrics.compute()["map"].item() <= 1.0
+    values = metrics.compute()
+    assert {"map", "map_50", "object_fine_coverage", "boundary_fine_coverage"} <= set(values)
+    # the object coverage is the share of object cells (under a box) that got finest tokens
+    from splitlab.metrics import instance_label_map
+
+    fine = layout.level_map() == layout.levels.num - 1
+    cells = torch.stack([instance_label_map(t["boxes"], t["labels"], (64, 64)) for t in targets])
+    is_object = cells.view(3, 8, 8, 8, 8).permute(0, 1, 3, 2, 4).reshape(3, 8, 8, -1).gt(0).any(-1)
+    expected = (fine & is_object).sum() / is_object.sum()
+    assert values["object_fine_coverage"].item() == pytest.approx(expected.item(), abs=1e-6)

@@ -1,4 +1,4 @@
-"""Dense tasks: the feature pyramid, EVA-02, evaluation against pycocotools and mmseg, bad input."""
+"""`SegmentationTask`'s own metrics against mmseg's reference IoU, and its settings."""
 
 from __future__ import annotations
 
@@ -8,21 +8,38 @@ import io
 import pytest
 import torch
 
+from splitlab.tasks import SegmentationTask
+from splitlab.tokenizer import build_layout
 
-def test_segmentation_miou_equals_mmseg_iou_metric() -> None:
+TINY = {
+    "backbone": "vit_tiny_patch16_224",
+    "backbone_kwargs": {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2},
+    "levels": [16, 8],
+    "target_fraction": 0.5,
+    "pyramid_channels": 16,
+    "pyramid_indices": [1],
+    "decode_head": {"channels": 16},
+    "auxiliary_head": None,
+}
+
+
+def test_the_tasks_miou_equals_mmseg_iou_metric() -> None:
     from splitlab.heads.mmseg import import_mmseg
 
     import_mmseg()
     from mmseg.evaluation import IoUMetric
-    from torchmetrics.classification import MulticlassJaccardIndex
 
-    gen = torch.Generator().manual_seed(0)
     classes, ignore = 6, 255
-    ours = MulticlassJaccardIndex(
-        classes, ignore_index=ignore, average="macro"
-    )  # as SegmentationTask builds it
+    task = SegmentationTask(num_classes=classes, ignore_index=ignore, **TINY)
+    metrics = task.build_metrics()  # what validation and test compute with
+    layout = build_layout(
+        [torch.zeros(2, 2, 2, 4), torch.zeros(2, 4, 4, 4)],
+        [torch.ones(2, 2, 2, dtype=torch.bool)],
+        task.levels,
+    )
     reference = IoUMetric(iou_metrics=["mIoU"], ignore_index=ignore)
     reference.dataset_meta = {"classes": [str(c) for c in range(classes)]}
+    gen = torch.Generator().manual_seed(0)
     for _ in range(3):
         target = torch.randint(0, classes - 1, (2, 32, 32), generator=gen)  # class 5 never appears
         target[:, :4] = ignore
@@ -32,7 +49,8 @@ def test_segmentation_miou_equals_mmseg_iou_metric() -> None:
             torch.randint(0, classes, (2, 32, 32), generator=gen),
         )
         pred = torch.where(pred == ignore, 0, pred)
-        ours.update(pred, target)
+        logits = torch.nn.functional.one_hot(pred, classes).permute(0, 3, 1, 2).float()  # argmax is pred
+        task.update_metrics(metrics, {"logits": logits}, target, layout)
         reference.process(
             {},
             [
@@ -42,4 +60,10 @@ def test_segmentation_miou_equals_mmseg_iou_metric() -> None:
         )
     with contextlib.redirect_stdout(io.StringIO()):
         expected = reference.compute_metrics(reference.results)["mIoU"] / 100
-    assert ours.compute().item() == pytest.approx(expected, abs=1e-4)
+    assert metrics.compute()["miou"].item() == pytest.approx(expected, abs=1e-4)
+    assert 0.3 < expected < 0.9  # a real mix of right and wrong pixels, not a degenerate case
+
+
+def test_background_classes_must_be_classes() -> None:
+    with pytest.raises(ValueError, match=r"background_classes \[7\] are not classes of num_classes=5"):
+        SegmentationTask(num_classes=5, background_classes=[0, 7], **TINY)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -18,10 +19,19 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
     assert summary["task"] == "classification" and summary["metric"] == "top1"
     assert summary["target_fraction"] == 0.5 and summary["lambda"] >= 0
     assert set(summary["policies"]) == {"learned", "uniform", "random", "entropy"}
-    for row in summary["policies"].values():
+    rows = summary["policies"]
+    for row in rows.values():
         assert set(row) >= {"metric", "token_fraction_mean", "token_fraction_std", "images_per_second"}
-        assert 0 <= row["metric"] <= 1 and row["images_per_second"] > 0
-    assert summary["policies"]["uniform"]["token_fraction_mean"] == 1.0
+        assert row["images_per_second"] > 0
+    assert rows["uniform"]["token_fraction_mean"] == 1.0
+    for baseline in ("random", "entropy"):  # evaluated at the learned layout's fraction
+        assert rows[baseline]["token_fraction_mean"] == pytest.approx(
+            rows["learned"]["token_fraction_mean"], abs=0.1
+        )
+    logged = [r for r in csv.DictReader((tmp_path / "metrics.csv").open()) if r.get("val/top1")]
+    assert float(logged[-1]["val/top1"]) == pytest.approx(
+        rows["learned"]["metric"]
+    )  # the table is what was logged
     assert sorted(p.name for p in (tmp_path / "token_maps").glob("*.png")) == [
         "budgets_epoch_000.png",  # the budget-conditioned twin: one image at budgets 0.3, 0.5, 0.7
         "budgets_epoch_001.png",
@@ -123,3 +133,38 @@ def test_unreachable_target_fraction_is_refused(shapes_root, tmp_path) -> None:
         ValueError, match=r"target_fraction=0.05 is outside the range levels=\(32, 16, 8\) can reach"
     ):
         fit(shapes_root, tmp_path, "--model.init_args.target_fraction=0.05")
+
+
+def test_target_kl_stops_the_policy_epochs_early(shapes_root, tmp_path) -> None:
+    import csv
+
+    def ppo_epochs(out, *extra: str) -> set[float]:
+        fit(shapes_root, out, *schedule_args(0, 1), "--model.init_args.eval_baselines=[]", *extra)
+        rows = csv.DictReader((out / "metrics.csv").open())
+        return {float(r["train/ppo_epochs"]) for r in rows if r.get("train/ppo_epochs")}
+
+    assert ppo_epochs(tmp_path / "all") == {2.0}  # tiny_args: ppo.epochs=2
+    assert ppo_epochs(tmp_path / "early", "--model.init_args.ppo.target_kl=1e-12") == {1.0}
+
+
+def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_path) -> None:
+    """policy: entropy is APT in this pipeline: warm start on entropy layouts, no PPO, its own summary row."""
+    cli = fit(
+        shapes_root,
+        tmp_path,
+        *schedule_args(1, 1),
+        "--model.init_args.policy=entropy",
+        "--model.init_args.budgets=null",
+    )
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["trained_policy"] == "entropy"
+    assert set(summary["policies"]) == {"entropy", "uniform", "random"}  # the trained row, then baselines
+    assert summary["policies"]["entropy"]["token_fraction_mean"] == pytest.approx(0.5, abs=0.05)
+    start = torch.load(next((tmp_path / "checkpoints").glob("epoch=0-*.ckpt")), weights_only=False)[
+        "state_dict"
+    ]
+    end = cli.model.state_dict()
+    policy = [k for k in start if k.startswith("tokenizer.decision.")]
+    assert all(torch.equal(start[k], end[k]) for k in policy)  # no decision module was trained
+    with pytest.raises(ValueError, match="budgets=\\[0.3, 0.7\\] needs policy='learned'"):
+        fit(shapes_root, tmp_path / "bad", "--model.init_args.policy=entropy")

@@ -18,8 +18,9 @@ from splitlab.tokenizer import (
 )
 
 
-def direct_entropy(patch: torch.Tensor, bins: int = 256) -> float:
-    q = (patch.clamp(0, 1) * bins).long().clamp(max=bins - 1).flatten()
+def direct_entropy(gray: torch.Tensor, bins: int = 512) -> float:
+    """APT's rule, worked directly: grayscale of 8-bit pixels, ``bins`` bins over [0, 256), bits."""
+    q = (gray * 255 * bins / 256).long().clamp(0, bins - 1).flatten()
     counts = torch.bincount(q, minlength=bins).double()
     p = counts[counts > 0] / counts.sum()
     return float(-(p * p.log2()).sum())
@@ -41,7 +42,7 @@ def test_entropy_on_hand_made_images() -> None:
 def test_entropy_matches_a_direct_histogram() -> None:
     gen = torch.Generator().manual_seed(0)
     img = torch.rand(2, 3, 64, 64, generator=gen) ** 2
-    gray = 0.299 * img[:, 0] + 0.587 * img[:, 1] + 0.114 * img[:, 2]
+    gray = 0.2989 * img[:, 0] + 0.5870 * img[:, 1] + 0.1140 * img[:, 2]  # APT's weights
     ent = patch_entropy(img, 16)
     for b in range(2):
         for i in range(4):
@@ -94,6 +95,30 @@ def test_entropy_threshold_calibration_meets_the_target() -> None:
     assert achieved == pytest.approx(0.5, abs=0.03)
     # a threshold calibrated on the batch is the one the helper returns for the same scores
     assert calibrate_threshold(scores, 0.5) == pytest.approx(t)
+
+
+def test_apt_thresholds_are_per_level_not_one_for_all() -> None:
+    """Coarse patches hold more distinct pixel values, so their entropy is higher everywhere: one
+    threshold for all levels splits every coarse patch before any fine one; APT's per-level
+    thresholds split the same share of each level."""
+    import numpy as np
+
+    from splitlab.data.shapes import CLASSES, render
+
+    rng = np.random.default_rng(0)
+    pictures = [render(CLASSES[i % 4], rng, 128)[0] for i in range(16)]  # the generated shapes data
+    x = torch.from_numpy(np.stack(pictures)).permute(0, 3, 1, 2).float() / 255
+    lv = Levels((64, 32, 16))
+    raw = [s.flatten() for s in baseline_scores("entropy_single", x, lv, fraction=0.5)[0]]
+    assert raw[0].mean() > raw[1].mean() + 0.2  # 64 px patches: more entropy than 32 px ones
+    single, t_single = baseline_scores("entropy_single", x, lv, fraction=0.5)
+    apt, t_apt = baseline_scores("entropy", x, lv, fraction=0.5)
+    share = [(s > t_apt).float().mean().item() for s in apt]
+    assert share[0] == pytest.approx(share[1], abs=0.03)  # the same quantile per level
+    # one threshold for all levels spends the budget on coarse splits first
+    assert (single[0] > t_single).float().mean().item() >= share[0] + 0.2
+    for scores, t in ((single, t_single), (apt, t_apt)):
+        assert fraction_of([s > t for s in scores]).mean().item() == pytest.approx(0.5, abs=0.03)
 
 
 def test_unknown_baseline_and_missing_fraction() -> None:

@@ -20,3 +20,18 @@ def test_embedding_difference_scores_and_labels() -> None:
     for target in (0.25, 0.5, 0.75):
         labels, _ = warm_start_labels(content, Levels((4, 2, 1)), target=target)
         assert fraction_of(labels).mean().item() == pytest.approx(target, abs=0.03)
+
+
+def test_labels_read_the_raw_embeddings_not_the_trainable_children_projection(
+    tiny_vit, tiny_tokenizer
+) -> None:
+    x = torch.randn(8, 3, 64, 64)
+    with torch.no_grad():
+        tokens, raw = tiny_tokenizer.embed(x, tiny_vit)
+        before, _ = warm_start_labels(raw, tiny_tokenizer.levels, 0.5)
+        for proj in tiny_tokenizer.embed.child_proj:  # what the warm start trains
+            torch.nn.init.normal_(proj.weight, std=1.0)
+        moved, raw_after = tiny_tokenizer.embed(x, tiny_vit)
+        after, _ = warm_start_labels(raw_after, tiny_tokenizer.levels, 0.5)
+    assert not torch.allclose(moved[0], tokens[0])  # the coarse tokens changed...
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # ...the labels' target did not
