@@ -69,14 +69,16 @@ class SplitSchedule(Callback):
         self.check(trainer.max_epochs)
         pl_module.plan_stages(self.dense_epochs, self.warm_start_epochs, self.rl_epochs)
 
-    def _enter(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def _enter(self, trainer: Trainer, pl_module: LightningModule, starting: bool = False) -> None:
         stage = self.stage_at(trainer.current_epoch)
-        if stage != pl_module.stage:
+        if starting:  # the task's own default stage is no "previous" stage of this run
+            rank_zero_info(f"splitlab: epoch {trainer.current_epoch}: starting in stage {stage}")
+        elif stage != pl_module.stage:
             rank_zero_info(f"splitlab: epoch {trainer.current_epoch}: stage {pl_module.stage} -> {stage}")
         pl_module.set_stage(stage)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._enter(trainer, pl_module)
+        self._enter(trainer, pl_module, starting=True)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._enter(trainer, pl_module)

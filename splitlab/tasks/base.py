@@ -98,7 +98,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         budgets: Sequence[float] | None = None,
         budget_step: float = 0.1,
         max_fraction: float | None = None,
-        eval_budgets: Sequence[float] = (),
+        eval_budgets: Sequence[float] | None = (),
         calibration_images: int = 512,
         decision_dim: int = 128,
         decision_heads: int = 4,
@@ -117,12 +117,18 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         lambda_damping: float = 0.0,
         lambda_init: float = 0.0,
         policy: str = "learned",
-        eval_baselines: Sequence[str] = ("uniform", "random", "entropy"),
+        eval_baselines: Sequence[str] | None = ("uniform", "random", "entropy"),
         init_checkpoint: str | None = None,
         sampling_seed: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        # `null` on the command line means "none", as `[]` does
+        self.hparams.eval_budgets, self.hparams.eval_baselines = (
+            list(eval_budgets or []),
+            list(eval_baselines or []),
+        )
+        eval_baselines = self.hparams.eval_baselines
         self.automatic_optimization = False
         if policy not in POLICIES:
             raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")

@@ -65,6 +65,16 @@ def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path) -
     ckpt = conditioned / "checkpoints" / "last.ckpt"
     capped = summary_of("test", shapes_root, ckpt, tmp_path, "--model.init_args.max_fraction=0.3")
     assert capped["policies"]["learned"]["token_fraction_max"] <= 0.3
+    # `null` means "none" for the evaluation lists, as `[]` does
+    alone = summary_of(
+        "validate",
+        shapes_root,
+        ckpt,
+        tmp_path / "alone",
+        "--model.init_args.eval_budgets=null",
+        "--model.init_args.eval_baselines=null",
+    )
+    assert set(alone["policies"]) == {"learned"}
 
 
 def test_an_unconditioned_policy_refuses_another_budget(shapes_root, tmp_path) -> None:
