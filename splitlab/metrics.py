@@ -2,12 +2,14 @@
 
 `FineCoverage` measures allocation (the paper's object / boundary coverage); `PolicyStats` wraps a
 task's metrics with the token fraction and throughput of one layout policy, as the comparison
-table reports them.
+table reports them. `VQAAccuracy` is the official VQAv2 answer accuracy, overall and per answer and
+question type.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -174,3 +176,239 @@ def timed(device: torch.device) -> Iterator[Callable[[], float]]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed[0] = time.perf_counter() - start
+
+
+# VQA accuracy (VQAv2 evaluation rules). Answers are free text, so the official evaluation first
+# normalises them; the tables below are that normalisation's data.
+
+_VQA_PUNCTUATION = (
+    ";",
+    "/",
+    "[",
+    "]",
+    '"',
+    "{",
+    "}",
+    "(",
+    ")",
+    "=",
+    "+",
+    "\\",
+    "_",
+    "-",
+    ">",
+    "<",
+    "@",
+    "`",
+    ",",
+    "?",
+    "!",
+)
+_VQA_COMMA_STRIP = re.compile(r"(\d)(,)(\d)")
+# The official pattern: `(?!<=\d)` is a lookahead for the text "<=digit", not a lookbehind, so only the
+# `(?!\d)` part acts: a period is removed unless a digit follows it ("3.5" and ".5" keep theirs).
+_VQA_PERIOD_STRIP = re.compile(r"(?!<=\d)(\.)(?!\d)")
+# The official script passes `re.UNICODE` (32) where `sub` takes its count, so at most 32 periods go.
+_VQA_PERIOD_MAX = int(re.UNICODE)
+_VQA_NUMBERS = {
+    "none": "0",
+    "zero": "0",
+    "one": "1",
+    "two": "2",
+    "three": "3",
+    "four": "4",
+    "five": "5",
+    "six": "6",
+    "seven": "7",
+    "eight": "8",
+    "nine": "9",
+    "ten": "10",
+}
+_VQA_ARTICLES = frozenset({"a", "an", "the"})
+# Contracted forms as the official table writes them; the lookup keys are derived from them below.
+_VQA_CONTRACTED = (  # noqa: SIM905  (a hundred words read better as text than one per line)
+    "ain't aren't can't could've couldn't couldn't've didn't doesn't don't hadn't hadn't've hasn't "
+    "haven't he'd he'd've he's how'd how'll how's I'd I'd've I'm I've isn't it'd it'd've it'll let's "
+    "ma'am mightn't mightn't've might've mustn't must've needn't not've o'clock oughtn't 'ow's'at "
+    "shan't she'd she'd've she's should've shouldn't shouldn't've somebody'd somebody'd've "
+    "somebody'll somebody's someone'd someone'd've someone'll someone's something'd something'd've "
+    "something'll that's there'd there'd've there're there's they'd they'd've they'll they're they've "
+    "'twas wasn't we'd we'd've we're we've weren't what'll what're what's what've when's where'd "
+    "where's where've who'd who'd've who'll who's who've why'll why're why's won't would've wouldn't "
+    "wouldn't've y'all y'all'll y'all'd've you'd you'd've you'll you're you've"
+).split()
+# Apostrophe-less variants that are ordinary words; the official table leaves them alone, and mapping
+# them would rewrite real answers ("shed" -> "she'd").
+_VQA_NOT_CONTRACTIONS = frozenset({"id", "lets", "shed", "wed", "were"})
+
+
+def _apostrophe_variants(word: str) -> Iterator[str]:
+    """Every spelling of ``word`` with at least one of its apostrophes left out."""
+    parts = word.split("'")
+    for keep in range(2 ** (len(parts) - 1) - 1):  # bit i set: apostrophe i stays; all set is `word`
+        out = parts[0]
+        for i, part in enumerate(parts[1:]):
+            out += ("'" if keep >> i & 1 else "") + part
+        yield out
+
+
+def _contraction_table() -> dict[str, str]:
+    """Apostrophe-less spelling (lower case, as words are looked up after lower-casing) -> contraction."""
+    table: dict[str, str] = {}
+    for word in _VQA_CONTRACTED:
+        if word != word.lower():  # the official keys "Id", "Im", "Ive" never match a lower-cased word
+            continue
+        for variant in _apostrophe_variants(word):
+            key = variant.lower()
+            if key in _VQA_NOT_CONTRACTIONS:
+                continue
+            if table.get(key, word) != word:
+                raise ValueError(f"contraction key {key!r} is ambiguous: {table[key]!r} or {word!r}")
+            table[key] = word
+    return table
+
+
+_VQA_CONTRACTIONS = _contraction_table()
+
+
+def _vqa_clean(answer: str) -> str:
+    return answer.replace("\n", " ").replace("\t", " ").strip()
+
+
+def _vqa_punctuation(text: str) -> str:
+    # Both tests look at the text as given, not as earlier characters left it (as the official script).
+    comma_number = _VQA_COMMA_STRIP.search(text) is not None
+    out = text
+    for p in _VQA_PUNCTUATION:
+        drop = comma_number or p + " " in text or " " + p in text
+        out = out.replace(p, "" if drop else " ")
+    return _VQA_PERIOD_STRIP.sub("", out, count=_VQA_PERIOD_MAX)
+
+
+def _vqa_digit_article(text: str) -> str:
+    words = [_VQA_NUMBERS.get(w, w) for w in text.lower().split()]
+    return " ".join(_VQA_CONTRACTIONS.get(w, w) for w in words if w not in _VQA_ARTICLES)
+
+
+def normalize_answer(answer: str) -> str:
+    """The official VQA answer processing, so that "Two", "two." and "2" all score as "2".
+
+    Whitespace is cleaned, punctuation removed or turned into spaces, periods that are not decimal
+    points removed; then the text is lower-cased, number words become digits, articles go and
+    contractions written without apostrophes get them back.
+    """
+    return _vqa_digit_article(_vqa_punctuation(_vqa_clean(answer)))
+
+
+def vqa_score(prediction: str, answers: Sequence[str]) -> float:
+    """VQA accuracy of one answer: ``min(1, matches / 3)`` averaged over the ten ways to leave out a human.
+
+    Three matching humans give full credit; averaging over held-out humans makes the score consistent
+    with human accuracy. As in the official script, the prediction gets the whole processing and the
+    human answers only the punctuation step, and only when they differ: a human "two" stays "two"
+    (VQAv2's answers were normalised when the dataset was built).
+
+    Args:
+        prediction: the model's answer.
+        answers: the ten human answers.
+    """
+    if len(answers) != 10:
+        raise ValueError(f"VQA accuracy needs exactly 10 human answers, got {len(answers)}")
+    truth = [_vqa_clean(a) for a in answers]
+    if len(set(truth)) > 1:
+        truth = [_vqa_punctuation(a) for a in truth]
+    pred = normalize_answer(prediction)
+    matches = [a == pred for a in truth]
+    total = sum(matches)
+    return sum(min(1.0, (total - m) / 3) for m in matches) / len(matches)
+
+
+VQA_ANSWER_TYPES = ("yes/no", "number", "other")
+
+
+class VQAAccuracy(Metric):
+    """VQA accuracy overall, per answer type and per tracked question type, as fractions in [0, 1].
+
+    Question types are free strings, so only those given to the constructor get a slot: the states
+    keep a fixed shape and sum across processes. An empty category computes to NaN.
+
+    Args:
+        question_types: question types to report (e.g. ``"what color is the"``), each as
+            ``"vqa_q_<type>"`` with non-alphanumerics replaced by ``_``.
+    """
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+
+    def __init__(self, question_types: Sequence[str] = (), **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.question_types = tuple(question_types)
+        self._question_index = {q: i for i, q in enumerate(self.question_types)}
+        self._question_keys = [f"vqa_q_{re.sub(r'[^0-9A-Za-z]', '_', q)}" for q in self.question_types]
+        if len(self._question_index) != len(self.question_types):
+            raise ValueError(f"question types repeat: {self.question_types}")
+        if len(set(self._question_keys)) != len(self._question_keys):
+            raise ValueError(f"question types {self.question_types} collide as keys {self._question_keys}")
+        # float64: a sum over hundreds of thousands of multiples of 1/30 would drift in float32
+        for name, size in (("total", ()), ("by_answer", (3,)), ("by_question", (len(self.question_types),))):
+            self.add_state(f"{name}_score", torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
+            self.add_state(f"{name}_count", torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(
+        self,
+        predictions: Sequence[str],
+        answers: Sequence[Sequence[str]],
+        answer_types: Sequence[str],
+        question_types: Sequence[str] | None = None,
+    ) -> None:
+        n = len(predictions)
+        if (
+            len(answers) != n
+            or len(answer_types) != n
+            or (question_types is not None and len(question_types) != n)
+        ):
+            raise ValueError(
+                f"one answer list, answer type and question type per prediction: {n} predictions, "
+                f"{len(answers)} answer lists, {len(answer_types)} answer types"
+                + ("" if question_types is None else f", {len(question_types)} question types")
+            )
+        for t in answer_types:
+            if t not in VQA_ANSWER_TYPES:
+                raise ValueError(f"unknown VQA answer type {t!r}; expected one of {VQA_ANSWER_TYPES}")
+        scores = [vqa_score(p, a) for p, a in zip(predictions, answers, strict=True)]
+        device = self.total_score.device
+        values = torch.tensor(scores, dtype=torch.float64, device=device)
+        self.total_score += values.sum()
+        self.total_count += n
+        index = torch.tensor(
+            [VQA_ANSWER_TYPES.index(t) for t in answer_types], dtype=torch.long, device=device
+        )
+        self.by_answer_score.index_add_(0, index, values)
+        self.by_answer_count.index_add_(0, index, torch.ones_like(values))
+        if question_types is not None and self.question_types:
+            tracked = [
+                (i, self._question_index[q])
+                for i, q in enumerate(question_types)
+                if q in self._question_index
+            ]
+            if tracked:
+                rows, slots = (
+                    torch.tensor(x, dtype=torch.long, device=device) for x in zip(*tracked, strict=True)
+                )
+                self.by_question_score.index_add_(0, slots, values[rows])
+                self.by_question_count.index_add_(0, slots, torch.ones_like(values[rows]))
+
+    def compute(self) -> dict[str, Tensor]:
+        def mean(score: Tensor, count: Tensor) -> Tensor:
+            return torch.where(count > 0, score / count.clamp(min=1), torch.full_like(score, torch.nan))
+
+        total = mean(self.total_score, self.total_count)
+        by_answer = mean(self.by_answer_score, self.by_answer_count)
+        by_question = mean(self.by_question_score, self.by_question_count)
+        out = {"vqa_accuracy": total}
+        for i, t in enumerate(VQA_ANSWER_TYPES):
+            out["vqa_" + re.sub(r"[^0-9A-Za-z]", "_", t)] = by_answer[i]
+        for i, key in enumerate(self._question_keys):
+            out[key] = by_question[i]
+        return out

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from splitlab.backbone import PackedViT, backbone_flops
 from splitlab.commands.arguments import count, fraction, positive_int
+from splitlab.report import format_bench
 from splitlab.tokenizer import Levels, SplitTokenizer, build_layout, calibrate_threshold
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,6 +47,8 @@ class BenchConfig:
     attn_backend: str = "auto"
     compile: bool = False
     seed: int = 0
+    lm: str | None = None
+    patch_size: int | None = None
 
 
 def _device(name: str) -> torch.device:
@@ -99,7 +102,9 @@ def build(cfg: BenchConfig, device: torch.device) -> SplitPath:
         task.backbone.attn_backend = cfg.attn_backend
         path = SplitPath(task.tokenizer, task.backbone, task.target_fraction, task.max_tokens)
     else:
-        kwargs = {"img_size": cfg.img_size} if cfg.img_size else {}
+        kwargs: dict[str, Any] = {"img_size": cfg.img_size} if cfg.img_size else {}
+        if cfg.patch_size:  # e.g. EVA-02 converted to /16, as the dense recipes use it
+            kwargs["patch_size"] = cfg.patch_size
         backbone = PackedViT(cfg.model, attn_backend=cfg.attn_backend, **kwargs)
         levels = (
             Levels.build(cfg.levels, backbone.patch_size)
@@ -135,6 +140,22 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
     fn()
     _sync(device)
     return time.perf_counter() - start
+
+
+def _host_syncs(fn: Callable[[], Any], device: torch.device) -> int | None:
+    """Device-to-host synchronisations of one call (CUDA's sync debug mode counts them; None on CPU)."""
+    if device.type != "cuda":
+        return None
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
 
 
 def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
@@ -246,54 +267,42 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "overhead_fraction": (parts["embed"] + parts["decide"] + parts["walk"]) / parts["backbone"],
         "peak_memory_mib_uniform": _peak_memory(run_uniform, device),
         "peak_memory_mib_split": _peak_memory(run_split, device),
+        "host_syncs_per_batch": _host_syncs(run_split, device),
         "policy_cut": cut,
     }
     result["speedup_over_ideal"] = result["speedup"] / result["ideal_speedup"]
+    if cfg.lm:
+        result["vqa"] = bench_vqa(path, images, cfg, autocast, device)
     return result
 
 
-def format_bench(r: dict[str, Any]) -> str:
-    """The measurements as a text table."""
-    cfg = r["config"]
-    mem = (
-        f"{r['peak_memory_mib_uniform']:.0f} / {r['peak_memory_mib_split']:.0f} MiB"
-        if r["peak_memory_mib_uniform"] is not None
-        else "n/a on CPU"
-    )
-    t = r["time_ms"]
-    rows = [
-        (
-            "model",
-            f"{cfg['model'] if not cfg['ckpt'] else cfg['ckpt']} @ {cfg['img_size'][0]} px, levels {tuple(cfg['levels'])}",
-        ),
-        ("device / dtype / batch", f"{r['device_name']} / {cfg['dtype']} / {cfg['batch_size']}"),
-        ("attention backend", r["attn_backend"]),
-        (
-            "token fraction",
-            f"{r['token_fraction']:.3f} ({r['tokens_split_mean']:.1f} of {r['tokens_uniform']} tokens)",
-        ),
-        ("uniform (timm) img/s", f"{r['throughput_uniform']:.2f}"),
-        ("SPLIT img/s", f"{r['throughput_split']:.2f}"),
-        ("speed-up", f"{r['speedup']:.3f}x"),
-        (
-            "ideal (FLOP) speed-up",
-            f"{r['ideal_speedup']:.3f}x  (achieved {r['speedup_over_ideal']:.1%} of ideal)",
-        ),
-        (
-            "time embed/decide/walk/backbone",
-            f"{t['embed']:.1f} / {t['decide']:.1f} / {t['walk']:.1f} / {t['backbone']:.1f} ms",
-        ),
-        ("overhead / backbone", f"{r['overhead_fraction']:.1%}"),
-        ("peak memory uniform / SPLIT", mem),
-    ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+def bench_vqa(
+    path: SplitPath, images: Tensor, cfg: BenchConfig, autocast: Any, device: torch.device
+) -> dict[str, Any]:
+    """ViT + projector + LM prefill, uniform against SPLIT (`splitlab.commands.bench_lm`)."""
+    from splitlab.commands.bench_lm import time_prefill, vqa_paths
+
+    with torch.inference_mode(), autocast:
+        uniform, split, described = vqa_paths(path, images, cfg.lm)
+        for _ in range(cfg.warmup):
+            uniform()
+            split()
+        sync = lambda: _sync(device)  # noqa: E731
+        t_uniform = time_prefill(uniform, cfg.iters, sync)
+        t_split = time_prefill(split, cfg.iters, sync)
+    return {
+        **described,
+        "images_per_second_uniform": cfg.batch_size / t_uniform,
+        "images_per_second_split": cfg.batch_size / t_split,
+        "speedup": t_uniform / t_split,
+    }
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="SPLIT throughput against timm's uniform grid on the same batch")
     p.add_argument("--model", default="vit_base_patch16_224", help="timm model name (random init)")
     p.add_argument("--img-size", type=positive_int, default=None, help="image side (default: the model's)")
+    p.add_argument("--patch-size", type=positive_int, default=None, help="patch size (default: the model's)")
     p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument(
         "--dtype", default="float32", choices=sorted(DTYPES), help="autocast dtype (float32: none)"
@@ -311,6 +320,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attn-backend", default="auto")
     p.add_argument("--compile", action="store_true", help="torch.compile the blocks (dynamic shapes)")
     p.add_argument("--json", default=None, help="also write the numbers to this file")
+    p.add_argument(
+        "--lm",
+        default=None,
+        help="also time the VQA path: ViT + projector + this LM's prefill (a hub name, a folder, or a JSON config)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -328,6 +342,8 @@ def main(args: argparse.Namespace) -> int:
         iters=args.iters,
         attn_backend=args.attn_backend,
         compile=args.compile,
+        lm=args.lm,
+        patch_size=args.patch_size,
     )
     result = run_bench(cfg)
     print(format_bench(result))

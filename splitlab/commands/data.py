@@ -1,4 +1,4 @@
-"""``splitlab data shapes|coco|ade20k --out DIR``: write small datasets in the real formats."""
+"""``splitlab data shapes|coco|ade20k|vqa --out DIR``: write small datasets in the real formats."""
 
 from __future__ import annotations
 
@@ -37,6 +37,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         scenes.add_argument("--train", type=positive_int, default=400, help="training images")
         scenes.add_argument("--val", type=positive_int, default=100, help="validation images")
         scenes.add_argument("--seed", type=int, default=0)
+    vqa = kinds.add_parser("vqa", help="VQAv2-layout questions on coloured, patterned squares")
+    vqa.add_argument("--out", required=True, help="output directory")
+    vqa.add_argument("--image-size", type=positive_int, default=128)
+    vqa.add_argument("--train", type=positive_int, default=300, help="training images (3-4 questions each)")
+    vqa.add_argument("--val", type=positive_int, default=80, help="validation images")
+    vqa.add_argument("--seed", type=int, default=0)
+    vqa.add_argument("--format", choices=("official", "hf"), default="official")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -55,6 +62,11 @@ def main(args: argparse.Namespace) -> int:
             args.background,
         )
         print(f"wrote {args.format} dataset to {out}")
+    elif args.kind == "vqa":
+        from splitlab.data.vqa import generate_vqa
+
+        out = generate_vqa(args.out, args.image_size, args.train, args.val, args.seed, args.format)
+        print(f"wrote VQAv2-layout ({args.format}) dataset and vocab.json to {out}")
     else:
         from splitlab.data.scenes import generate_ade20k, generate_coco
 

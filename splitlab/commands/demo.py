@@ -43,6 +43,7 @@ PIPELINES = {
     "classification": ("imagenet.yaml", "classification.yaml", "pretrain.yaml"),
     "coco": ("coco.yaml", "coco.yaml", "pretrain_dense.yaml"),
     "ade20k": ("ade20k.yaml", "ade20k.yaml", "pretrain_dense.yaml"),
+    "vqa": ("vqav2.yaml", "vqa.yaml", "pretrain_dense.yaml"),
 }
 
 
@@ -64,6 +65,10 @@ def generate_for(task: str, out: Path, seed: int, background: str = "busy") -> N
         generate_shapes(out, seed=seed, background=background)
     elif task == "coco":
         generate_coco(out, train=300, val=80, seed=seed)
+    elif task == "vqa":
+        from splitlab.data import generate_vqa
+
+        generate_vqa(out, image_size=64, train=600, val=100, seed=seed, square=(0.25, 0.32))
     else:
         generate_ade20k(out, train=300, val=80, seed=seed)
     (out / ".complete").write_text("")
@@ -111,6 +116,7 @@ def run_pipeline(
     # overrides follow every --config, so the dense stage's config cannot reset them
     overrides = [
         f"--data.init_args.root={data}",
+        *([f"--model.init_args.tokenizer={data / 'vocab.json'}"] if task == "vqa" else []),
         f"--seed_everything={seed}",
         f"--model.init_args.sampling_seed={seed}",
         f"--trainer.logger.init_args.save_dir={out}",

@@ -7,6 +7,7 @@ from splitlab.data.scenes import generate_ade20k, generate_coco
 from splitlab.data.segmentation import ADE20KData
 from splitlab.data.shapes import CLASSES as SHAPE_CLASSES
 from splitlab.data.shapes import generate_shapes
+from splitlab.data.vqa import VQAv2Data, generate_vqa
 
 __all__ = [
     "SHAPE_CLASSES",
@@ -15,7 +16,9 @@ __all__ = [
     "ResumableSampler",
     "ImageClassificationData",
     "SkipCorrupt",
+    "VQAv2Data",
     "generate_ade20k",
     "generate_coco",
     "generate_shapes",
+    "generate_vqa",
 ]

@@ -13,16 +13,21 @@ from splitlab.heads.pyramid import (
     pyramid_scales,
 )
 from splitlab.heads.segmentation import SegmentationHead, pixel_cross_entropy
+from splitlab.heads.vqa import LanguageBridge, VisualProjector, VQAHead, token_order
 
 __all__ = [
     "DETECTORS",
     "DetectionHead",
+    "LanguageBridge",
     "SegmentationHead",
     "SimpleFeaturePyramid",
+    "VQAHead",
+    "VisualProjector",
     "check_pyramid_grid",
     "default_pyramid_indices",
     "pixel_cross_entropy",
     "pyramid_grids",
     "pyramid_scales",
     "reference_proposals",
+    "token_order",
 ]

@@ -7,6 +7,7 @@ from splitlab.tasks.detection import DetectionTask
 from splitlab.tasks.segmentation import SegmentationTask
 from splitlab.tasks.state import load_task
 from splitlab.tasks.training import STAGES
+from splitlab.tasks.vqa import VQATask
 
 __all__ = [
     "STAGES",
@@ -15,5 +16,6 @@ __all__ = [
     "DetectionTask",
     "SegmentationTask",
     "SplitTask",
+    "VQATask",
     "load_task",
 ]

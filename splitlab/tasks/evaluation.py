@@ -131,10 +131,14 @@ class PolicyEvaluation:
     def on_test_epoch_end(self) -> None:
         self._eval_epoch_end("test")
 
-    def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
-        """Each image's layout (token boxes in pixels, levels, fraction) and the task output."""
-        images, _ = self.split_batch(batch) if isinstance(batch, list | tuple) else (batch, None)
-        outputs, layout = self(images)
+    def predict_step(
+        self, batch: Any, batch_idx: int, outputs: Any = None, layout: Any = None
+    ) -> list[dict[str, Any]]:
+        """Each image's layout (token boxes in pixels, levels, fraction) and the task output
+        (``outputs`` and ``layout`` when the caller already computed them)."""
+        if layout is None:
+            images, _ = self.split_batch(batch) if isinstance(batch, list | tuple) else (batch, None)
+            outputs, layout = self(images)
         finest = self.levels.finest
         records = []
         for i, (boxes, levels) in enumerate(

@@ -1,0 +1,258 @@
+"""The language side of VQA (LLaVA-style): projector, visual-token order, and the bridge into a causal LM.
+
+Plain PyTorch + Hugging Face ``transformers``: each image's packed visual tokens (any number,
+different per image) go through LLaVA-1.5's two-layer GELU projector and are spliced into the
+prompt's embeddings at the ``<image>`` placeholder, with an attention mask: batch size > 1 with
+variable visual token counts, left padding for generation. No LLaVA processor (it inserts exactly
+576 placeholders).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from splitlab.tokenizer import TokenLayout
+
+PROMPT = "USER: <image>\n{question} Answer the question using a single word or phrase. ASSISTANT:"
+IMAGE = "<image>"
+
+
+class VisualProjector(nn.Sequential):
+    """LLaVA-1.5's projector (``mlp2x_gelu``): vision width -> LM width -> LM width."""
+
+    def __init__(self, vision_dim: int, lm_dim: int) -> None:
+        super().__init__(nn.Linear(vision_dim, lm_dim), nn.GELU(), nn.Linear(lm_dim, lm_dim))
+
+
+def token_order(layout: TokenLayout, order: str = "raster", anchor: str = "corner") -> Tensor:
+    """Indices that put each image's tokens in ``order``, image after image.
+
+    ``layout`` keeps the layout's own order (coarse level first). ``raster`` sorts each image's
+    tokens by the raster position (row-major on the finest grid) of their ``corner`` (top-left
+    finest cell) or ``centre`` cell: the order the language model saw in training, which an
+    all-finest layout reproduces exactly.
+    """
+    if order == "layout":
+        return torch.arange(layout.tokens.shape[0], device=layout.tokens.device)
+    if order != "raster":
+        raise ValueError(f"token_order={order!r}: expected 'raster' or 'layout'")
+    boxes = layout.boxes
+    if anchor == "corner":
+        y, x = boxes[:, 1], boxes[:, 0]
+    elif anchor == "centre":
+        y, x = (boxes[:, 1] + boxes[:, 3] - 1) // 2, (boxes[:, 0] + boxes[:, 2] - 1) // 2
+    else:
+        raise ValueError(f"raster anchor={anchor!r}: expected 'corner' or 'centre'")
+    width = layout.grid_size[1]
+    cells = layout.grid_size[0] * width
+    key = layout.image_index * cells + y * width + x  # images stay in order, raster within each
+    return key.argsort(stable=True)
+
+
+def build_tokenizer(name: str) -> Any:
+    """A Hugging Face tokenizer: a ``vocab.json`` word list (a word-level tokenizer, for generated
+    data, nothing downloaded) or a hub name / local folder (``AutoTokenizer``)."""
+    path = Path(name)
+    if path.suffix == ".json" and path.is_file():
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        words = json.loads(path.read_text())
+        word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+        word_level.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
+        )
+        return PreTrainedTokenizerFast(
+            tokenizer_object=word_level,
+            pad_token="<pad>",
+            unk_token="<unk>",
+            bos_token="<s>",
+            eos_token="</s>",
+        )
+    if path.suffix == ".json":
+        raise FileNotFoundError(f"tokenizer={name!r}: no such vocabulary file")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
+
+
+def build_language_model(lm: str | dict[str, Any], vocab_size: int | None = None) -> tuple[nn.Module, dict]:
+    """A causal LM by hub name or local folder, or built (random init) from a config dict.
+
+    A LLaVA checkpoint (e.g. ``llava-hf/llava-1.5-7b-hf``) gives its language model; its projector's
+    weights come back as the second value (empty otherwise), to load into `VisualProjector`.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if isinstance(lm, dict):
+        settings = dict(lm)
+        model_type = settings.pop("model_type", "llama")
+        if vocab_size is not None:
+            settings.setdefault("vocab_size", vocab_size)
+        return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **settings)), {}
+    config = AutoConfig.from_pretrained(lm)
+    if getattr(config, "model_type", "") != "llava":
+        return AutoModelForCausalLM.from_pretrained(lm), {}
+    from transformers import LlavaForConditionalGeneration
+
+    llava = LlavaForConditionalGeneration.from_pretrained(lm)
+    language = AutoModelForCausalLM.from_config(config.text_config)
+    language.model.load_state_dict(llava.model.language_model.state_dict())
+    language.lm_head.load_state_dict(llava.lm_head.state_dict())
+    projector = llava.model.multi_modal_projector
+    weights = {
+        "0.weight": projector.linear_1.weight,
+        "0.bias": projector.linear_1.bias,
+        "2.weight": projector.linear_2.weight,
+        "2.bias": projector.linear_2.bias,
+    }
+    return language, {k: v.detach().clone() for k, v in weights.items()}
+
+
+class LanguageBridge(nn.Module):
+    """A causal LM that reads each question's prompt with its image's visual tokens spliced in.
+
+    Args:
+        lm: a Hugging Face causal LM.
+        tokenizer: its tokenizer.
+        template: the prompt, with ``<image>`` where the visual tokens go and ``{question}``.
+        max_new_tokens: longest answer greedy decoding produces.
+    """
+
+    def __init__(
+        self, lm: nn.Module, tokenizer: Any, template: str = PROMPT, max_new_tokens: int = 8
+    ) -> None:
+        super().__init__()
+        if template.count(IMAGE) != 1 or "{question}" not in template:
+            raise ValueError(
+                f"prompt={template!r}: the template needs exactly one {IMAGE} placeholder (where the visual "
+                "tokens go) and a {question} field"
+            )
+        self.lm, self.tokenizer, self.max_new_tokens = lm, tokenizer, int(max_new_tokens)
+        self.before, self.after = template.split(IMAGE)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+        self.eos = tokenizer.eos_token_id
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.lm.get_input_embeddings().embedding_dim)
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def prompts(
+        self,
+        visual: Sequence[Tensor],
+        questions: Sequence[Sequence[str]],
+        answers: Sequence[Sequence[str]] | None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Left-padded prompt embeddings of every question, its image's visual tokens spliced in.
+
+        Returns:
+            ``inputs_embeds (Q, L, E)``, ``attention_mask (Q, L)``, ``labels (Q, L)`` (-100 except
+            the answer tokens) and ``owner (Q,)``, the image of each question.
+        """
+        embed = self.lm.get_input_embeddings()
+        device, dtype = embed.weight.device, embed.weight.dtype
+        rows, targets, owner = [], [], []
+        for i, (tokens, asked) in enumerate(zip(visual, questions, strict=True)):
+            for j, question in enumerate(asked):
+                before = self._ids(self.before.format(question=question))  # the question may come first
+                after = self._ids(self.after.format(question=question))
+                answer = self._ids(" " + answers[i][j]) + [self.eos] if answers is not None else []
+                head = torch.tensor(self.bos + before, dtype=torch.long, device=device)
+                tail = torch.tensor(after + answer, dtype=torch.long, device=device)
+                rows.append(torch.cat([embed(head), tokens.to(dtype), embed(tail)]))
+                labels = torch.full((rows[-1].shape[0],), -100, dtype=torch.long, device=device)
+                if answer:
+                    labels[-len(answer) :] = torch.tensor(answer, device=device)
+                targets.append(labels)
+                owner.append(i)
+        length = max(r.shape[0] for r in rows)
+        inputs = torch.stack([F.pad(r, (0, 0, length - r.shape[0], 0)) for r in rows])
+        mask = torch.stack(
+            [
+                F.pad(torch.ones(r.shape[0], dtype=torch.long, device=device), (length - r.shape[0], 0))
+                for r in rows
+            ]
+        )
+        labels = torch.stack([F.pad(t, (length - t.shape[0], 0), value=-100) for t in targets])
+        return inputs, mask, labels, torch.tensor(owner, device=device)
+
+    def per_image_loss(
+        self, visual: Sequence[Tensor], questions: Sequence[Sequence[str]], answers: Sequence[Sequence[str]]
+    ) -> Tensor:
+        """Each image's loss, ``(B,)``: the mean over its questions of the mean teacher-forced NLL of the
+        answer tokens (so an image with many questions does not weigh more)."""
+        inputs, mask, labels, owner = self.prompts(visual, questions, answers)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.lm(inputs_embeds=inputs, attention_mask=mask, position_ids=positions).logits.float()
+        nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")
+        counted = (labels[:, 1:] != -100).float()
+        per_question = (nll * counted).sum(1) / counted.sum(1).clamp(min=1)
+        per_image = torch.zeros(len(visual), device=per_question.device).index_add(0, owner, per_question)
+        count = torch.zeros(len(visual), device=per_question.device).index_add(
+            0, owner, torch.ones_like(per_question)
+        )
+        return per_image / count.clamp(min=1)
+
+    @torch.no_grad()
+    def answer(self, visual: Sequence[Tensor], questions: Sequence[Sequence[str]]) -> list[list[str]]:
+        """Greedy answers, batched over every question of every image (left-padded prompts)."""
+        inputs, mask, _, owner = self.prompts(visual, questions, None)
+        out = self.lm.generate(
+            inputs_embeds=inputs,
+            attention_mask=mask,
+            max_new_tokens=self.max_new_tokens,
+            do_sample=False,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos,
+        )
+        texts = self.tokenizer.batch_decode(out, skip_special_tokens=True)
+        grouped: list[list[str]] = [[] for _ in visual]
+        for image, text in zip(owner.tolist(), texts, strict=True):
+            grouped[image].append(text.strip())
+        return grouped
+
+
+class VQAHead(nn.Module):
+    """Projector + language bridge: packed ViT features -> each image's visual tokens -> answers.
+
+    Args:
+        vision_dim: the backbone's width.
+        bridge: the language side.
+        order: visual-token order (see `token_order`).
+        anchor: the cell that places a coarse token in raster order.
+        projector: starting projector weights (a LLaVA checkpoint's), if any.
+    """
+
+    def __init__(
+        self,
+        vision_dim: int,
+        bridge: LanguageBridge,
+        order: str = "raster",
+        anchor: str = "corner",
+        projector: dict[str, Tensor] | None = None,
+    ) -> None:
+        super().__init__()
+        token_order_check = ("raster", "layout")
+        if order not in token_order_check:
+            raise ValueError(f"token_order={order!r}: expected 'raster' or 'layout'")
+        self.projector = VisualProjector(vision_dim, bridge.hidden_size)
+        if projector:
+            self.projector.load_state_dict(projector)
+        self.bridge, self.order, self.anchor = bridge, order, anchor
+
+    def visual_tokens(self, features: Tensor, layout: TokenLayout) -> list[Tensor]:
+        """Per image ``(N_i, E)`` projected visual tokens in the chosen order."""
+        index = token_order(layout, self.order, self.anchor)
+        projected = self.projector(features.index_select(0, index))
+        return list(projected.split(layout.seqlens))

@@ -1,0 +1,144 @@
+"""`VQATask`: SPLIT visual question answering, LLaVA-style (ViT -> projector -> causal LM)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+from torchmetrics import MetricCollection
+
+from splitlab.backbone import PackedFeatures
+from splitlab.heads.vqa import PROMPT, LanguageBridge, VQAHead, build_language_model, build_tokenizer
+from splitlab.metrics import VQAAccuracy
+from splitlab.tasks.base import SplitTask
+from splitlab.tokenizer import TokenLayout
+
+
+class VQATask(SplitTask):
+    """VQA: the ViT's tokens from one block (LLaVA: the second-to-last, no CLS), in raster order,
+    through LLaVA-1.5's projector into a causal LM (`splitlab.heads.vqa`).
+
+    Questions are grouped by image, so the ViT and the policy run once per image. The per-image
+    loss (PPO's reward) is the mean teacher-forced answer-token NLL over that image's questions;
+    evaluation decodes greedily and scores with the official VQA accuracy. The LM is frozen unless
+    ``train_lm`` (a small LM built from a config, as in CI, has to learn); the warm start fine-tunes
+    ViT and projector, PPO only the decision module.
+
+    Args:
+        lm: the language model: a hub name or local folder (a LLaVA checkpoint gives its LM and
+            projector), or a config dict (``model_type`` and its settings) for a random-init LM.
+        tokenizer: the LM's tokenizer: a hub name / folder, or a ``vocab.json`` word list.
+        prompt: the prompt template, with ``<image>`` and ``{question}``.
+        feature_block: the ViT block whose tokens become visual tokens (negative: from the end).
+        token_order: ``raster`` (default: what the LM was trained on) or ``layout``.
+        raster_anchor: the cell that places a coarse token in raster order: ``corner`` or ``centre``.
+        max_new_tokens: longest generated answer.
+        train_lm: fine-tune the LM too (dense and warm-start stages).
+        question_types: question types whose accuracy is reported apart (``vqa_q_<type>``).
+        **kwargs: `SplitTask` arguments.
+    """
+
+    task_name = "vqa"
+    metric_name = "vqa_accuracy"
+
+    def __init__(
+        self,
+        lm: str | dict[str, Any] = "llava-hf/llava-1.5-7b-hf",
+        tokenizer: str = "llava-hf/llava-1.5-7b-hf",
+        prompt: str = PROMPT,
+        feature_block: int = -2,
+        token_order: str = "raster",
+        raster_anchor: str = "corner",
+        max_new_tokens: int = 8,
+        train_lm: bool = False,
+        question_types: list[str] | tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+
+    def configure_head(self) -> VQAHead:
+        hp = self.hparams
+        text = build_tokenizer(hp.tokenizer)
+        language, projector = build_language_model(hp.lm, vocab_size=len(text))
+        bridge = LanguageBridge(language, text, hp.prompt, hp.max_new_tokens)
+        depth = self.backbone.depth
+        if not -depth <= hp.feature_block < depth:
+            raise ValueError(f"feature_block={hp.feature_block} out of range for a {depth}-block backbone")
+        if projector and projector["0.weight"].shape[1] != self.backbone.embed_dim:
+            raise ValueError(
+                f"lm={hp.lm!r}: its projector reads {projector['0.weight'].shape[1]}-wide features, the backbone "
+                f"{hp.backbone!r} gives {self.backbone.embed_dim}"
+            )
+        language.requires_grad_(bool(hp.train_lm))
+        return VQAHead(self.backbone.embed_dim, bridge, hp.token_order, hp.raster_anchor, projector)
+
+    def task_modules(self) -> list[nn.Module]:
+        """ViT, embeddings and projector (and the LM with ``train_lm``): a frozen LM never trains."""
+        modules = [self.backbone, self.tokenizer.embed, self.head.projector]
+        return [*modules, self.head.bridge.lm] if self.hparams.train_lm else modules
+
+    def train(self, mode: bool = True) -> VQATask:
+        super().train(mode)
+        if not self.hparams.train_lm:
+            self.head.bridge.lm.eval()  # frozen: no dropout
+        return self
+
+    def backbone_indices(self) -> list[int]:
+        return [self.hparams.feature_block % self.backbone.depth]
+
+    def repeat_targets(self, targets: list[dict[str, Any]], times: int) -> list[dict[str, Any]]:
+        return list(targets) * times
+
+    def forward_task(self, features: PackedFeatures) -> list[Tensor]:
+        return self.head.visual_tokens(features.intermediates[0], features.layout)
+
+    def per_sample_loss(self, outputs: list[Tensor], targets: list[dict[str, Any]]) -> Tensor:
+        questions = [t["questions"] for t in targets]
+        answers = [t["multiple_choice_answers"] for t in targets]
+        return self.head.bridge.per_image_loss(outputs, questions, answers)
+
+    def build_metrics(self) -> MetricCollection:
+        return MetricCollection({"vqa": VQAAccuracy(question_types=list(self.hparams.question_types))})
+
+    def update_metrics(
+        self,
+        metrics: MetricCollection,
+        outputs: list[Tensor],
+        targets: list[dict[str, Any]],
+        layout: TokenLayout,
+    ) -> None:
+        predicted = self.head.bridge.answer(outputs, [t["questions"] for t in targets])
+        flat = [p for image in predicted for p in image]
+        metrics["vqa"].update(
+            flat,
+            [a for t in targets for a in t["answers"]],
+            [a for t in targets for a in t["answer_types"]],
+            [q for t in targets for q in t["question_types"]],
+        )
+
+    def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
+        """Each image's layout (as for every task) and its answers; the official results file
+        (``vqa_results.json``: ``[{question_id, answer}]``) is written at the end of predict."""
+        images, targets = self.split_batch(batch)
+        outputs, layout = self(images)
+        answers = self.head.bridge.answer(outputs, [t["questions"] for t in targets])
+        records = super().predict_step(batch, batch_idx, outputs=outputs, layout=layout)
+        for record, target, said in zip(records, targets, answers, strict=True):
+            record["prediction"] = [
+                {"question_id": int(q), "answer": a}
+                for q, a in zip(target["question_ids"], said, strict=True)
+            ]
+            self._results.extend(record["prediction"])
+        return records
+
+    def on_predict_epoch_start(self) -> None:
+        self._results: list[dict[str, Any]] = []
+
+    def on_predict_epoch_end(self) -> None:
+        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+        suffix = f".rank{self.trainer.global_rank}" if self.trainer.world_size > 1 else ""
+        path = folder / f"vqa_results{suffix}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self._results) + "\n")

@@ -1,0 +1,365 @@
+"""VQAv2: the generator writes the official layout, `VQAv2Data` groups questions by image, bad input is named."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from splitlab.data.vqa import (
+    ANSWER_TYPES,
+    COLOURS,
+    QUESTION_TYPES,
+    SPECIAL_TOKENS,
+    VQAv2Data,
+    generate_vqa,
+    render_vqa_scene,
+    vqa_words,
+)
+
+
+@pytest.fixture(scope="module")
+def vqa_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny official-layout set, read only (tests that break files copy it first)."""
+    return generate_vqa(tmp_path_factory.mktemp("vqa") / "vqa", image_size=64, train=4, val=2, seed=0)
+
+
+def _copy(root: Path, to: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(root, to / "vqa"))
+
+
+def _docs(root: Path, split: str) -> tuple[Path, dict, Path, dict]:
+    q_path = root / f"v2_OpenEnded_mscoco_{split}_questions.json"
+    a_path = root / f"v2_mscoco_{split}_annotations.json"
+    return q_path, json.loads(q_path.read_text()), a_path, json.loads(a_path.read_text())
+
+
+def _setup(root: Path, **kwargs) -> VQAv2Data:
+    dm = VQAv2Data(root=str(root), img_size=64, batch_size=2, num_workers=0, **kwargs)
+    dm.setup("fit")
+    return dm
+
+
+def test_official_layout_and_keys(vqa_root: Path) -> None:
+    for split, count in (("train2014", 4), ("val2014", 2)):
+        _, questions, _, annotations = _docs(vqa_root, split)
+        assert {"info", "task_type", "data_type", "data_subtype", "questions"} <= questions.keys()
+        assert (questions["task_type"], questions["data_type"], questions["data_subtype"]) == (
+            "Open-Ended",
+            "mscoco",
+            split,
+        )
+        assert {"info", "data_type", "data_subtype", "annotations"} <= annotations.keys()
+        assert annotations["data_subtype"] == split
+        assert all(q.keys() == {"image_id", "question", "question_id"} for q in questions["questions"])
+        image_ids = sorted({q["image_id"] for q in questions["questions"]})
+        assert len(image_ids) == count
+        for image_id in image_ids:
+            path = vqa_root / split / f"COCO_{split}_{image_id:012d}.png"
+            with Image.open(path) as image:
+                assert image.format == "PNG" and image.size == (64, 64)
+        per_image = Counter(q["image_id"] for q in questions["questions"])
+        assert all(3 <= n <= 4 for n in per_image.values())
+        assert [a["question_id"] for a in annotations["annotations"]] == [
+            q["question_id"] for q in questions["questions"]
+        ]
+        for ann in annotations["annotations"]:
+            assert ann.keys() == {
+                "question_id",
+                "image_id",
+                "question_type",
+                "answer_type",
+                "multiple_choice_answer",
+                "answers",
+            }
+            assert len(ann["answers"]) == 10
+            assert [a["answer_id"] for a in ann["answers"]] == list(range(1, 11))
+            assert all(a["answer_confidence"] in ("yes", "maybe", "no") for a in ann["answers"])
+            assert ann["answer_type"] in ANSWER_TYPES
+            assert ann["question_type"] in QUESTION_TYPES
+            counts = Counter(a["answer"] for a in ann["answers"]).most_common()
+            assert ann["multiple_choice_answer"] == counts[0][0]
+    meta = json.loads((vqa_root / "splitlab_dataset.json").read_text())
+    assert meta["generator"] == "splitlab data vqa" and meta["splits"] == {"train2014": 4, "val2014": 2}
+
+
+def test_question_kinds_answers_and_vocab(vqa_root: Path) -> None:
+    annotations = [a for s in ("train2014", "val2014") for a in _docs(vqa_root, s)[3]["annotations"]]
+    questions = [q for s in ("train2014", "val2014") for q in _docs(vqa_root, s)[1]["questions"]]
+    assert {a["question_type"] for a in annotations} == set(QUESTION_TYPES)
+    kinds = {a["question_type"]: a["answer_type"] for a in annotations}
+    assert kinds == {
+        "what pattern": "other",
+        "what color": "other",
+        "is there": "yes/no",
+        "how many": "number",
+    }
+    for a in annotations:
+        right = a["multiple_choice_answer"]
+        if a["question_type"] == "what pattern":
+            assert right in ("horizontal", "vertical", "checks")
+        elif a["question_type"] == "what color":
+            assert right in COLOURS
+        elif a["question_type"] == "is there":
+            assert right in ("yes", "no")
+        else:
+            assert right in ("2", "3")
+    given = [x["answer"] for a in annotations for x in a["answers"]]
+    assert sum(
+        g != a["multiple_choice_answer"] for a in annotations for g in [x["answer"] for x in a["answers"]]
+    )
+    assert set(given) - {a["multiple_choice_answer"] for a in annotations}  # synonyms or wrong answers occur
+    vocab = json.loads((vqa_root / "vocab.json").read_text())
+    assert vocab[: len(SPECIAL_TOKENS)] == list(SPECIAL_TOKENS)
+    words = vocab[len(SPECIAL_TOKENS) :]
+    assert words == sorted(set(words))
+    assert set(words) == {w for t in [q["question"] for q in questions] + given for w in vqa_words(t)}
+    assert {"?", "what", "pattern", "square"} <= set(words)
+    assert vqa_words("Is there a RED square?") == ["is", "there", "a", "red", "square", "?"]
+
+
+def test_pattern_lives_only_in_fine_detail() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(10):
+        img, squares = render_vqa_scene(rng, 128)
+        assert 2 <= len(squares) <= 3 and len({s["colour"] for s in squares}) == len(squares)
+        for s in squares:
+            x0, y0, x1, y1 = s["inner"]
+            n = (min(x1 - x0, y1 - y0) // 4) * 4
+            region = img[y0 : y0 + n, x0 : x0 + n].astype(np.float64)
+            assert region.std(axis=(0, 1)).max() > 25  # the pattern is there at full resolution ...
+            coarse = region.reshape(n // 4, 4, n // 4, 4, 3).mean(axis=(1, 3))
+            assert np.ptp(coarse, axis=(0, 1)).max() <= 1.0  # ... and a 4x downsample is flat colour
+            expected = np.array(COLOURS[s["colour"]]) * 255
+            assert np.abs(coarse.mean(axis=(0, 1)) - expected).max() < 0.05 * 255 + 1  # the named colour
+        boxes = [s["box"] for s in squares]
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1 :]:
+                assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]  # no overlap
+
+
+def test_same_seed_same_files(tmp_path: Path) -> None:
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    a = files(generate_vqa(tmp_path / "a", image_size=48, train=2, val=1, seed=5))
+    b = files(generate_vqa(tmp_path / "b", image_size=48, train=2, val=1, seed=5))
+    c = files(generate_vqa(tmp_path / "c", image_size=48, train=2, val=1, seed=6))
+    assert a == b and a != c
+
+
+def test_datamodule_groups_questions_by_image(vqa_root: Path) -> None:
+    dm = _setup(vqa_root)
+    assert set(dm.datasets) == {"train", "val"} and dm.img_size == 64 and dm.test_key == "val"
+    _, questions, _, annotations = _docs(vqa_root, "val2014")
+    assert len(dm.datasets["val"]) == len({q["image_id"] for q in questions["questions"]}) == 2
+    images, targets = next(iter(dm.val_dataloader()))
+    assert images.shape == (2, 3, 64, 64) and images.dtype == torch.float32
+    by_id = {a["question_id"]: a for a in annotations["annotations"]}
+    for target in targets:
+        assert target.keys() == {
+            "image_id",
+            "question_ids",
+            "questions",
+            "answers",
+            "answer_types",
+            "question_types",
+            "multiple_choice_answers",
+        }
+        mine = [q for q in questions["questions"] if q["image_id"] == target["image_id"]]
+        assert target["question_ids"] == [q["question_id"] for q in mine]
+        assert target["questions"] == [q["question"] for q in mine]
+        for qid, answers, kind in zip(
+            target["question_ids"], target["answers"], target["answer_types"], strict=True
+        ):
+            assert (
+                answers == [a["answer"] for a in by_id[qid]["answers"]] and kind == by_id[qid]["answer_type"]
+            )
+        n = len(mine)
+        assert len(target["question_types"]) == len(target["multiple_choice_answers"]) == n
+    assert sum(len(t["question_ids"]) for t in targets) == len(questions["questions"])
+    capped = _setup(vqa_root, max_questions=1)
+    assert all(len(capped.datasets["val"][i][1]["questions"]) == 1 for i in range(2))
+    val_only = VQAv2Data(root=str(vqa_root), img_size=80, num_workers=0)
+    val_only.setup("validate")
+    image, _ = val_only.datasets["val"][0]
+    assert image.shape == (3, 80, 80)
+
+
+def test_letterbox_keeps_aspect_and_pads(tmp_path: Path, vqa_root: Path) -> None:
+    root = _copy(vqa_root, tmp_path)
+    _, questions, _, _ = _docs(root, "val2014")
+    image_id = questions["questions"][0]["image_id"]
+    png = root / "val2014" / f"COCO_val2014_{image_id:012d}.png"
+    Image.open(png).crop((0, 0, 64, 32)).convert("RGB").save(png.with_suffix(".jpg"))  # a wide JPEG wins
+    png.unlink()
+    dm = _setup(root)
+    image, target = dm.datasets["val"][0]
+    assert target["image_id"] == image_id and image.shape == (3, 64, 64)
+    assert image[:, 32:].abs().max() == 0  # padded with the mean colour (0 after normalising)
+    assert image[:, :32].abs().max() > 0
+
+
+def test_hf_round_trip(tmp_path: Path, vqa_root: Path) -> None:
+    hf = generate_vqa(tmp_path / "hf", image_size=64, train=4, val=2, seed=0, fmt="hf")
+    assert (hf / "vocab.json").read_text() == (vqa_root / "vocab.json").read_text()
+    from_hf = VQAv2Data(hf_dataset=str(hf), img_size=64, batch_size=2, num_workers=0)
+    from_hf.setup("fit")
+    official = _setup(vqa_root)
+    for key in ("train", "val"):
+        assert len(from_hf.datasets[key]) == len(official.datasets[key])
+        for i in range(len(official.datasets[key])):
+            (a, ta), (b, tb) = from_hf.datasets[key][i], official.datasets[key][i]
+            assert ta == tb and torch.equal(a, b)
+
+
+def test_hf_answers_as_strings_and_bad_rows(tmp_path: Path) -> None:
+    import datasets
+
+    image = Image.new("RGB", (40, 20), (200, 10, 10))
+    rows = {
+        "image": [image, image, image],
+        "question": ["what color is it?", "is it red?", "what color is it?"],
+        "question_id": [11, 10, 20],
+        "image_id": [1, 1, 2],
+        "answers": [["red"] * 10, ["yes"] * 9 + ["no"], ["red"] * 10],
+        "answer_type": ["other", "yes/no", "other"],
+    }
+    path = tmp_path / "hf"
+    datasets.DatasetDict({"validation": datasets.Dataset.from_dict(rows)}).save_to_disk(str(path))
+    dm = VQAv2Data(
+        hf_dataset=str(path), val_split="validation", train_split="train", img_size=32, num_workers=0
+    )
+    dm.setup("validate")
+    assert "train" not in dm.datasets and len(dm.datasets["val"]) == 2
+    image_t, target = dm.datasets["val"][0]
+    assert image_t.shape == (3, 32, 32)
+    assert target["question_ids"] == [10, 11] and target["multiple_choice_answers"] == ["yes", "red"]
+    assert target["question_types"] == ["", ""]
+    with pytest.raises(FileNotFoundError, match=r"\[train2014\]: no such split"):
+        VQAv2Data(hf_dataset=str(path), val_split="validation", num_workers=0).setup("fit")
+    rows["answers"][2] = ["red"] * 3
+    bad = tmp_path / "bad"
+    datasets.DatasetDict({"validation": datasets.Dataset.from_dict(rows)}).save_to_disk(str(bad))
+    with pytest.raises(ValueError, match=r"bad'\[validation\]: question_id 20 has 3 answers"):
+        VQAv2Data(hf_dataset=str(bad), val_split="validation", num_workers=0).setup("validate")
+
+
+def test_unreadable_image_is_skipped_and_named(tmp_path: Path, vqa_root: Path) -> None:
+    root = _copy(vqa_root, tmp_path)
+    first = sorted((root / "val2014").iterdir())[0]
+    first.write_bytes(b"not a png")
+    dm = _setup(root)
+    with pytest.warns(UserWarning, match=f"skipping .*{first.name}"):
+        _, target = dm.datasets["val"][0]
+    assert target["image_id"] != int(first.stem.split("_")[-1]) and dm.datasets["val"].take_count() == 1
+
+
+# bad input: each check names the file (and the question or image)
+
+
+def test_missing_questions_or_annotations_file(tmp_path: Path, vqa_root: Path) -> None:
+    root = _copy(vqa_root, tmp_path)
+    q_path, _, a_path, _ = _docs(root, "val2014")
+    a_path.unlink()
+    with pytest.raises(
+        FileNotFoundError, match=r"v2_mscoco_val2014_annotations.json: no such annotations file"
+    ):
+        _setup(root)
+    q_path.unlink()
+    with pytest.raises(
+        FileNotFoundError, match=r"v2_OpenEnded_mscoco_val2014_questions.json: no such questions"
+    ):
+        _setup(root)
+
+
+def test_question_without_annotation(tmp_path: Path, vqa_root: Path) -> None:
+    root = _copy(vqa_root, tmp_path)
+    _, _, a_path, annotations = _docs(root, "val2014")
+    dropped = annotations["annotations"].pop(1)["question_id"]
+    a_path.write_text(json.dumps(annotations))
+    with pytest.raises(
+        ValueError,
+        match=rf"v2_mscoco_val2014_annotations.json: no annotation for 1 question\(s\), e.g. question_id {dropped}",
+    ):
+        _setup(root)
+
+
+@pytest.mark.parametrize("count", [9, 11])
+def test_annotation_without_ten_answers(tmp_path: Path, vqa_root: Path, count: int) -> None:
+    root = _copy(vqa_root, tmp_path)
+    _, _, a_path, annotations = _docs(root, "val2014")
+    ann = annotations["annotations"][2]
+    ann["answers"] = (ann["answers"] * 2)[:count]
+    a_path.write_text(json.dumps(annotations))
+    with pytest.raises(
+        ValueError,
+        match=rf"v2_mscoco_val2014_annotations.json: question_id {ann['question_id']} has {count} answers",
+    ):
+        _setup(root)
+
+
+def test_unknown_answer_type(tmp_path: Path, vqa_root: Path) -> None:
+    root = _copy(vqa_root, tmp_path)
+    _, _, a_path, annotations = _docs(root, "val2014")
+    annotations["annotations"][0]["answer_type"] = "colour"
+    a_path.write_text(json.dumps(annotations))
+    with pytest.raises(
+        ValueError,
+        match=r"annotations.json: question_id \d+ has answer_type 'colour'; expected one of 'yes/no', 'number', 'other'",
+    ):
+        _setup(root)
+
+
+def test_questions_and_annotations_disagree_on_image(tmp_path: Path, vqa_root: Path) -> None:
+    root = _copy(vqa_root, tmp_path)
+    q_path, questions, _, _ = _docs(root, "val2014")
+    q = questions["questions"][0]
+    q["image_id"] += 1
+    q_path.write_text(json.dumps(questions))
+    with pytest.raises(
+        ValueError,
+        match=rf"questions.json and .*annotations.json disagree on the image of question_id {q['question_id']}",
+    ):
+        _setup(root)
+
+
+def test_missing_image(tmp_path: Path, vqa_root: Path) -> None:
+    root = _copy(vqa_root, tmp_path)
+    _, questions, _, _ = _docs(root, "val2014")
+    image_id = questions["questions"][0]["image_id"]
+    (root / "val2014" / f"COCO_val2014_{image_id:012d}.png").unlink()
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"questions.json names 1 image\(s\) missing from .*val2014, e.g. COCO_val2014_{image_id:012d}.jpg \(or .png\)",
+    ):
+        _setup(root)
+
+
+def test_settings_are_checked(tmp_path: Path, vqa_root: Path) -> None:
+    with pytest.raises(ValueError, match="exactly one of data.root"):
+        VQAv2Data()
+    with pytest.raises(FileNotFoundError, match="data.root="):
+        VQAv2Data(root=str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="data.max_questions=0"):
+        VQAv2Data(root=str(vqa_root), max_questions=0)
+    with pytest.raises(ValueError, match="image_size=32"):
+        generate_vqa(tmp_path / "small", image_size=32)
+
+
+def test_command_writes_the_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from splitlab.commands import run
+
+    out = tmp_path / "cli"
+    assert run(["data", "vqa", "--out", str(out), "--train", "2", "--val", "1", "--image-size", "64"]) == 0
+    assert str(out) in capsys.readouterr().out
+    assert (out / "v2_OpenEnded_mscoco_train2014_questions.json").is_file()
+    assert len(list((out / "val2014").glob("COCO_val2014_*.png"))) == 1
+    assert run(["data", "vqa", "--out", str(tmp_path / "cli2"), "--train", "2", "--val", "1"]) == 0

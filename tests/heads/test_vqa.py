@@ -1,0 +1,137 @@
+"""The VQA head: raster order, uniform equivalence of the visual tokens, and the LM bridge with a
+variable number of visual tokens per image (batched = alone, left padding for generation)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from splitlab.backbone import PackedViT
+from splitlab.heads.vqa import LanguageBridge, VQAHead, build_language_model, build_tokenizer, token_order
+from splitlab.tokenizer import SplitTokenizer
+from tests.helpers import layout_of
+
+WORDS = [
+    "<pad>",
+    "<unk>",
+    "<s>",
+    "</s>",
+    "<image>",
+    "user",
+    "assistant",
+    ":",
+    "what",
+    "color",
+    "is",
+    "it",
+    "?",
+]
+WORDS += ["answer", "the", "question", "using", "a", "single", "word", "or", "phrase", ".", "red", "blue"]
+LM = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 256,
+    "pad_token_id": 0,
+    "bos_token_id": 2,
+    "eos_token_id": 3,
+}
+
+
+@pytest.fixture
+def bridge(tmp_path) -> LanguageBridge:
+    (tmp_path / "vocab.json").write_text(json.dumps(WORDS))
+    text = build_tokenizer(str(tmp_path / "vocab.json"))
+    language, _ = build_language_model(LM, vocab_size=len(text))
+    return LanguageBridge(language.eval(), text, max_new_tokens=3)
+
+
+def test_all_fine_visual_tokens_equal_the_uniform_path(bridge) -> None:
+    """Every patch at the finest level: the LM gets timm's tokens of the chosen block, in timm's order."""
+    backbone = PackedViT("vit_tiny_patch16_224", img_size=64, depth=3).eval()
+    tokenizer = SplitTokenizer(backbone.embed_dim, (32, 16)).eval()
+    head = VQAHead(backbone.embed_dim, bridge).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        layout = layout_of("uniform", tokenizer, backbone, x)
+        features = backbone(layout, indices=[1])
+        visual = head.visual_tokens(features.intermediates[0], layout)
+        _, dense = backbone.model.forward_intermediates(x, indices=[1], norm=False, output_fmt="NLC")
+    reference = head.projector(dense[0])  # (B, 16, E): patch tokens only, raster order, no CLS
+    for i in range(2):
+        assert torch.allclose(visual[i], reference[i], atol=1e-5)
+
+
+def test_raster_order_places_coarse_tokens_at_their_corner_or_centre(tiny_vit) -> None:
+    tokenizer = SplitTokenizer(tiny_vit.embed_dim, (64, 32, 16))
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        layout = layout_of(
+            "random", tokenizer, tiny_vit, x, fraction=0.5, generator=torch.Generator().manual_seed(0)
+        )
+    for anchor in ("corner", "centre"):
+        order = token_order(layout, "raster", anchor)
+        boxes, images = layout.boxes[order], layout.image_index[order]
+        assert torch.equal(images, layout.image_index)  # images stay in their place
+        y, x0 = (
+            (boxes[:, 1], boxes[:, 0])
+            if anchor == "corner"
+            else ((boxes[:, 1] + boxes[:, 3] - 1) // 2, (boxes[:, 0] + boxes[:, 2] - 1) // 2)
+        )
+        key = y * 4 + x0
+        for part in key.split(layout.seqlens):
+            assert torch.all(part[1:] >= part[:-1])  # row-major within each image
+    assert torch.equal(token_order(layout, "layout"), torch.arange(layout.tokens.shape[0]))
+    with pytest.raises(ValueError, match="token_order='spiral'"):
+        token_order(layout, "spiral")
+
+
+def test_a_batch_with_different_visual_token_counts_equals_each_image_alone(bridge) -> None:
+    torch.manual_seed(0)
+    visual = [torch.randn(5, 32), torch.randn(2, 32), torch.randn(9, 32)]
+    questions = [["what color is it ?"], ["what color is it ?", "what is it ?"], ["what is it ?"]]
+    answers = [["red"], ["blue", "red"], ["blue"]]
+    with torch.no_grad():
+        together = bridge.per_image_loss(visual, questions, answers)
+        alone = torch.cat(
+            [bridge.per_image_loss([v], [q], [a]) for v, q, a in zip(visual, questions, answers, strict=True)]
+        )
+        assert torch.allclose(together, alone, atol=1e-4)  # padding and position ids change nothing
+        said_together = bridge.answer(visual, questions)
+        said_alone = [bridge.answer([v], [q])[0] for v, q in zip(visual, questions, strict=True)]
+    assert said_together == said_alone and [len(s) for s in said_together] == [1, 2, 1]
+
+
+def test_the_loss_of_an_image_is_the_mean_over_its_questions(bridge) -> None:
+    visual = [torch.randn(4, 32)]
+    with torch.no_grad():
+        both = bridge.per_image_loss(visual, [["what color is it ?", "what is it ?"]], [["red", "blue"]])
+        first = bridge.per_image_loss(visual, [["what color is it ?"]], [["red"]])
+        second = bridge.per_image_loss(visual, [["what is it ?"]], [["blue"]])
+    assert both.item() == pytest.approx((first.item() + second.item()) / 2, rel=1e-4)
+
+
+def test_the_question_may_come_before_the_image(bridge) -> None:
+    """Questions first lets each visual token see the question (causal attention): the template's
+    text on both sides of ``<image>`` is filled in, not only the part after it."""
+    first = LanguageBridge(bridge.lm, bridge.tokenizer, template="{question} <image> answer :")
+    visual = [torch.randn(3, 32)]
+    inputs, mask, labels, _ = first.prompts(visual, [["what color is it ?"]], [["red"]])
+    ids = bridge.tokenizer("what color is it ?", add_special_tokens=False)["input_ids"]
+    text = bridge.lm.get_input_embeddings()(torch.tensor(ids))
+    start = len(first.bos)
+    assert torch.equal(inputs[0, start : start + len(ids)], text)
+    assert torch.equal(inputs[0, start + len(ids) : start + len(ids) + 3], visual[0])
+    assert int(mask.sum()) == inputs.shape[1] and int((labels != -100).sum()) == 2  # "red" and </s>
+
+
+def test_prompt_and_vocabulary_refusals(bridge, tmp_path) -> None:
+    with pytest.raises(ValueError, match="needs exactly one <image> placeholder"):
+        LanguageBridge(bridge.lm, bridge.tokenizer, template="USER: {question} ASSISTANT:")
+    with pytest.raises(FileNotFoundError, match="no such vocabulary file"):
+        build_tokenizer(str(tmp_path / "missing.json"))
