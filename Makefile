@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint format clean
+.PHONY: demo test test-slow lint format clean gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
+
+# On a machine with a GPU: CUDA tests and the paper's benchmarks (<= 8 min), results in $${OUT:-runs/gpu-check}.
+gpu-check: $(STAMP)
+	BIN=$(BIN) bash scripts/gpu-check.sh
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -s

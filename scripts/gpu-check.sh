@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# make gpu-check: the CUDA tests, then splitlab bench for the paper's models, on one GPU, in minutes.
+# Every JSON and one markdown table land in ${OUT:-runs/gpu-check}; each step has its own timeout and a
+# failing step does not stop the others. Random-init backbones (nothing downloaded but packages).
+set -u
+BIN=${BIN:-.venv/bin}
+OUT=${OUT:-runs/gpu-check}
+mkdir -p "$OUT"
+if ! "$BIN/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu-check: no CUDA device is visible to torch on this machine (torch.cuda.is_available() is False);" >&2
+    echo "           run it where a GPU is (make test covers the CPU path)." >&2
+    exit 2
+fi
+"$BIN/python" - <<'PY' | tee "$OUT/device.txt"
+import torch, importlib.util
+p = torch.cuda.get_device_properties(0)
+print(f"device: {p.name}, {p.total_memory / 2**30:.0f} GiB, capability {p.major}.{p.minor}; torch {torch.__version__}, "
+      f"CUDA {torch.version.cuda}; flash-attn {'yes' if importlib.util.find_spec('flash_attn') else 'no'}")
+PY
+status=0
+step() {  # step NAME SECONDS COMMAND...: run with a timeout, record the outcome, never stop the script
+    local name=$1 limit=$2; shift 2
+    echo "== $name (timeout ${limit}s)"
+    if timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; then echo "   ok"; else echo "   FAILED ($?): see $OUT/$name.log"; status=1; fi
+}
+step cuda-tests 150 "$BIN/python" -m pytest -m cuda -q -p no:cacheprovider --junitxml="$OUT/cuda-tests.xml" tests/cuda
+bench() {  # bench NAME SECONDS ARGS...
+    local name=$1 limit=$2; shift 2
+    step "bench-$name" "$limit" "$BIN/splitlab" bench --device cuda --dtype bfloat16 --fraction 0.7 --warmup 3 --iters 10 \
+        --json "$OUT/bench-$name.json" "$@"
+}
+bench vit-b16-224 60 --model vit_base_patch16_224 --batch-size 256
+bench vit-b16-224-compiled 120 --model vit_base_patch16_224 --batch-size 256 --compile
+bench vit-l14-336 90 --model vit_large_patch14_clip_336 --batch-size 128
+bench vit-l14-336-compiled 150 --model vit_large_patch14_clip_336 --batch-size 128 --compile
+bench vit-h14-336 90 --model vit_huge_patch14_clip_336 --batch-size 64
+if "$BIN/python" -c "import flash_attn" 2> /dev/null; then
+    bench vit-l14-336-flash 90 --model vit_large_patch14_clip_336 --batch-size 128 --attn-backend flash
+fi
+bench eva02-l16-1024 90 --model eva02_large_patch14_448 --patch-size 16 --img-size 1024 --levels 64 32 16 --batch-size 2 --iters 3
+bench eva02-l16-640 90 --model eva02_large_patch14_448 --patch-size 16 --img-size 640 --levels 64 32 16 --batch-size 4 --iters 3
+"$BIN/python" - "$OUT" <<'PY' | tee "$OUT/table.md"
+import json, pathlib, sys
+from splitlab.report import bench_table
+out = pathlib.Path(sys.argv[1])
+records = [json.loads(p.read_text()) for p in sorted(out.glob("bench-*.json"))]
+print((out / "device.txt").read_text().strip() + "\n")
+print(bench_table(records) if records else "no benchmark finished")
+PY
+exit $status
