@@ -63,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
         )
         print(f"wrote {args.format} dataset to {out}")
     elif args.kind == "vqa":
-        from splitlab.data.vqa import generate_vqa
+        from splitlab.data.vqa_scenes import generate_vqa
 
         out = generate_vqa(args.out, args.image_size, args.train, args.val, args.seed, args.format)
         print(f"wrote VQAv2-layout ({args.format}) dataset and vocab.json to {out}")

@@ -7,7 +7,8 @@ from splitlab.data.scenes import generate_ade20k, generate_coco
 from splitlab.data.segmentation import ADE20KData
 from splitlab.data.shapes import CLASSES as SHAPE_CLASSES
 from splitlab.data.shapes import generate_shapes
-from splitlab.data.vqa import VQAv2Data, generate_vqa
+from splitlab.data.vqa import VQAv2Data
+from splitlab.data.vqa_scenes import generate_vqa
 
 __all__ = [
     "SHAPE_CLASSES",

@@ -11,16 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from splitlab.data.vqa import (
-    ANSWER_TYPES,
-    COLOURS,
-    QUESTION_TYPES,
-    SPECIAL_TOKENS,
-    VQAv2Data,
-    generate_vqa,
-    render_vqa_scene,
-    vqa_words,
-)
+from splitlab.data.vqa import ANSWER_TYPES, QUESTION_TYPES, SPECIAL_TOKENS, VQAv2Data, vqa_words
+from splitlab.data.vqa_scenes import COLOURS, generate_vqa, render_vqa_scene
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,358 @@
+"""`generate_vqa`: small synthetic VQAv2 sets in the official layout (`splitlab.data.vqa`), to test on.
+
+The scenes put 2-3 small coloured squares on a busy, high-entropy background. Each square is a
+solid base colour (red, green, blue, yellow) with an inner 2 px pattern (horizontal stripes,
+vertical stripes, checks) in a lighter and a darker shade of that colour, both equally far from
+the base. Any 4x4 window of the pattern averages to the base colour, so "what color ..." questions
+are answerable from coarse tokens while "what pattern ..." questions need fine tokens on that
+square.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from splitlab.data.shapes import busy_background, pattern_mask
+from splitlab.data.vqa import (
+    ANSWER_TYPES,
+    ANSWERS_PER_QUESTION,
+    QUESTION_TYPES,
+    SPECIAL_TOKENS,
+    SPLITS,
+    annotations_file,
+    image_name,
+    most_frequent,
+    questions_file,
+    vqa_words,
+)
+
+COLOURS: dict[str, tuple[float, float, float]] = {
+    "red": (0.8, 0.15, 0.15),
+    "green": (0.15, 0.65, 0.2),
+    "blue": (0.15, 0.3, 0.85),
+    "yellow": (0.85, 0.8, 0.15),
+}
+PATTERNS = {
+    "hstripes": "horizontal",
+    "vstripes": "vertical",
+    "checks": "checks",
+}  # pattern_mask kind -> answer
+SHADE = 0.15  # light = base + SHADE, dark = base - SHADE: the pattern averages to the base colour
+DETAIL = 2  # pattern feature width in px: a 4x downsample averages it away
+PLACES = {  # descriptor -> (axis of the square's centre, extreme is the max)
+    "on the left": (0, False),
+    "on the right": (0, True),
+    "at the top": (1, False),
+    "at the bottom": (1, True),
+}
+SYNONYMS = {
+    "horizontal": ("horizontal stripes", "stripes"),
+    "vertical": ("vertical stripes", "stripes"),
+    "checks": ("checkered", "checkerboard"),
+    "red": ("dark red",),
+    "green": ("light green",),
+    "blue": ("light blue",),
+    "yellow": ("gold",),
+    "yes": ("yes!",),
+    "no": ("nope",),
+    "1": ("one",),
+    "2": ("two",),
+    "3": ("three",),
+    "4": ("four",),
+}
+
+
+def render_vqa_scene(
+    rng: np.random.Generator,
+    size: int = 128,
+    max_tries: int = 200,
+    square: tuple[float, float] = (1 / 8, 1 / 5),
+) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """One scene: a ``uint8`` (size, size, 3) image and its squares.
+
+    Squares are ``{"colour", "pattern" (pattern_mask kind), "box": (x0, y0, x1, y1), "inner": box of
+    the patterned region}``: 2-3 of them, distinct colours, 2 px apart at least, and laid out so that
+    at least one of `PLACES` ("on the left", ...) names exactly one square.
+    """
+    lo, hi = max(int(size * square[0]), 6), max(int(size * square[1]), 6)
+    for _ in range(max_tries):
+        count = int(rng.integers(2, 4))
+        squares: list[dict[str, Any]] = []
+        for _ in range(max_tries):
+            side = int(rng.integers(lo, hi + 1))
+            x0, y0 = (int(v) for v in rng.integers(0, size - side + 1, size=2))
+            box = (x0, y0, x0 + side, y0 + side)
+            if all(_apart(box, s["box"], 2) for s in squares):
+                squares.append({"box": box})
+                if len(squares) == count:
+                    break
+        if len(squares) == count and _places(squares):
+            break
+    else:
+        raise RuntimeError(f"image_size={size}: could not lay out the squares; use a larger image_size")
+    img = busy_background(rng, size)
+    names = list(COLOURS)
+    for square, c in zip(squares, rng.permutation(len(names))[:count], strict=True):
+        colour, pattern = names[int(c)], list(PATTERNS)[int(rng.integers(len(PATTERNS)))]
+        base = np.clip(np.array(COLOURS[colour]) + rng.uniform(-0.05, 0.05, 3), SHADE, 1 - SHADE)
+        x0, y0, x1, y1 = square["box"]
+        border = max(1, (x1 - x0) // 8)
+        inner = (x0 + border, y0 + border, x1 - border, y1 - border)
+        img[y0:y1, x0:x1] = base
+        light, dark = base + SHADE, base - SHADE
+        if rng.random() < 0.5:
+            light, dark = dark, light
+        mask = pattern_mask(pattern, inner[2] - inner[0], DETAIL)[..., None]
+        img[inner[1] : inner[3], inner[0] : inner[2]] = np.where(mask, light, dark)
+        square.update(colour=colour, pattern=pattern, inner=inner)
+    return (img * 255).round().astype(np.uint8), squares
+
+
+def _apart(a: tuple[int, ...], b: tuple[int, ...], gap: int) -> bool:
+    """Boxes ``a`` and ``b`` (xyxy) are at least ``gap`` px apart along some axis."""
+    return a[2] + gap <= b[0] or b[2] + gap <= a[0] or a[3] + gap <= b[1] or b[3] + gap <= a[1]
+
+
+def _places(squares: list[dict[str, Any]]) -> dict[str, int]:
+    """Descriptor -> index of the one square it names, for the descriptors that name one clearly (its
+    centre at least half the smallest side beyond the next square's)."""
+    margin = max(1.0, min(s["box"][2] - s["box"][0] for s in squares) / 2)
+    found = {}
+    for where, (axis, biggest) in PLACES.items():
+        centres = [(s["box"][axis] + s["box"][axis + 2]) / 2 for s in squares]
+        order = sorted(range(len(squares)), key=lambda i: centres[i], reverse=biggest)
+        if abs(centres[order[0]] - centres[order[1]]) >= margin:
+            found[where] = order[0]
+    return found
+
+
+def _questions(rng: np.random.Generator, squares: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """3-4 ``(question, right answer, question_type, answer_type)`` about one scene.
+
+    Every scene gets a "what pattern" question (fine tokens on one square) and a "what color"
+    question (coarse tokens suffice), then "is there" and/or "how many".
+    """
+    target = squares[int(rng.integers(len(squares)))]
+    out = [
+        (
+            f"what pattern is inside the {target['colour']} square?",
+            PATTERNS[target["pattern"]],
+            "what pattern",
+            "other",
+        )
+    ]
+    places = _places(squares)
+    where = sorted(places)[int(rng.integers(len(places)))]
+    out.append(
+        (f"what color is the square {where}?", squares[places[where]]["colour"], "what color", "other")
+    )
+    present = {s["colour"] for s in squares}
+    colour = list(COLOURS)[int(rng.integers(len(COLOURS)))]
+    if rng.random() < 0.5:  # half the "is there" questions are about a colour that is there
+        colour = sorted(present)[int(rng.integers(len(present)))]
+    extra = [
+        (f"is there a {colour} square?", "yes" if colour in present else "no", "is there", "yes/no"),
+        ("how many squares are there?", str(len(squares)), "how many", "number"),
+    ]
+    if rng.random() < 0.5:  # three questions: drop one of the two extras
+        extra.pop(int(rng.integers(2)))
+    return out + extra
+
+
+def _wrong_answers(answer: str, answer_type: str) -> list[str]:
+    """Plausible wrong answers of the same kind."""
+    if answer_type == "yes/no":
+        pool = ["yes", "no"]
+    elif answer_type == "number":
+        pool = ["1", "2", "3", "4"]
+    elif answer in COLOURS:
+        pool = list(COLOURS)
+    else:
+        pool = list(PATTERNS.values())
+    return [a for a in pool if a != answer]
+
+
+def _answers(rng: np.random.Generator, answer: str, answer_type: str) -> list[dict[str, Any]]:
+    """Ten annotators' answers: mostly ``answer``, sometimes a synonym (a different exact string, which
+    the official metric counts apart), sometimes wrong; ``answer`` is always the most frequent."""
+    synonyms, wrong = SYNONYMS.get(answer, ()), _wrong_answers(answer, answer_type)
+    while True:
+        picks = []
+        for _ in range(ANSWERS_PER_QUESTION):
+            u = rng.random()
+            if u < 0.75 or (u < 0.9 and not synonyms):
+                picks.append((answer, "yes" if rng.random() < 0.9 else "maybe"))
+            elif u < 0.9:
+                picks.append(
+                    (synonyms[int(rng.integers(len(synonyms)))], "yes" if rng.random() < 0.7 else "maybe")
+                )
+            else:
+                picks.append(
+                    (wrong[int(rng.integers(len(wrong)))], ("maybe", "no", "yes")[int(rng.integers(3))])
+                )
+        counts = Counter(a for a, _ in picks).most_common()
+        if counts[0][0] == answer and (len(counts) == 1 or counts[1][1] < counts[0][1]):
+            break
+    return [{"answer_id": i + 1, "answer": a, "answer_confidence": c} for i, (a, c) in enumerate(picks)]
+
+
+def generate_vqa(
+    out: str | Path,
+    image_size: int = 128,
+    train: int = 300,
+    val: int = 80,
+    seed: int = 0,
+    fmt: str = "official",
+    square: tuple[float, float] = (1 / 8, 1 / 5),
+) -> Path:
+    """Write a synthetic VQAv2 set (see the module docstring) and ``vocab.json``.
+
+    Args:
+        out: output directory.
+        image_size: image side in pixels (at least 48, so that three squares fit).
+        square: the squares' side range as fractions of ``image_size``.
+        train, val: images in ``train2014`` and ``val2014`` (3-4 questions each).
+        seed: random seed (same seed, same files).
+        fmt: ``official`` (the VQAv2 JSON files and ``{split}/COCO_{split}_*.png``; PNG so the 2 px
+            patterns survive) or ``hf`` (a ``datasets.save_to_disk`` DatasetDict with splits
+            ``train2014``/``val2014`` and one row per question, as HuggingFaceM4/VQAv2).
+
+    ``vocab.json`` lists `SPECIAL_TOKENS` first, then every word of the questions and answers
+    (`vqa_words`) sorted: the input of a word-level tokenizer.
+    """
+    if image_size < 48:
+        raise ValueError(f"image_size={image_size}: use at least 48 px so that three squares fit")
+    if fmt not in ("official", "hf"):
+        raise ValueError(f"format={fmt!r}: expected 'official' or 'hf'")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    words: set[str] = set()
+    first_id = 1
+    hf_parts = {}
+    for split, count in zip(SPLITS, (train, val), strict=True):
+        questions, annotations, images = [], [], {}
+        for i in range(count):
+            image_id = first_id + i  # unique across splits, as COCO's ids are
+            img, squares = render_vqa_scene(rng, image_size, square=square)
+            images[image_id] = img
+            for k, (question, answer, question_type, answer_type) in enumerate(_questions(rng, squares)):
+                question_id = image_id * 1000 + k  # the official scheme
+                answers = _answers(rng, answer, answer_type)
+                questions.append({"image_id": image_id, "question": question, "question_id": question_id})
+                annotations.append(
+                    {
+                        "question_id": question_id,
+                        "image_id": image_id,
+                        "question_type": question_type,
+                        "answer_type": answer_type,
+                        "multiple_choice_answer": most_frequent([a["answer"] for a in answers]),
+                        "answers": answers,
+                    }
+                )
+                words.update(vqa_words(question))
+                for a in answers:
+                    words.update(vqa_words(a["answer"]))
+        first_id += count
+        if fmt == "official":
+            _write_official(out, split, questions, annotations, images, seed)
+        else:
+            hf_parts[split] = _hf_split(questions, annotations, images)
+    if fmt == "hf":
+        import datasets
+
+        datasets.DatasetDict(hf_parts).save_to_disk(str(out))
+    vocab = [*SPECIAL_TOKENS, *sorted(words - set(SPECIAL_TOKENS))]
+    (out / "vocab.json").write_text(json.dumps(vocab, indent=1) + "\n")
+    meta = {
+        "generator": "splitlab data vqa",
+        "format": fmt,
+        "splits": dict(zip(SPLITS, (train, val), strict=True)),
+        "image_size": image_size,
+        "seed": seed,
+        "colours": list(COLOURS),
+        "patterns": list(PATTERNS.values()),
+        "question_types": list(QUESTION_TYPES),
+        "answer_types": list(ANSWER_TYPES),
+        "detail": DETAIL,
+        "vocab": "vocab.json",
+    }
+    (out / "splitlab_dataset.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def _info(seed: int) -> dict[str, Any]:
+    return {
+        "description": "splitlab data vqa: synthetic scenes in the VQA v2.0 layout",
+        "version": "2.0",
+        "contributor": "splitlab",
+        "seed": seed,
+    }
+
+
+def _write_official(
+    out: Path,
+    split: str,
+    questions: list[dict],
+    annotations: list[dict],
+    images: dict[int, np.ndarray],
+    seed: int,
+) -> None:
+    (out / split).mkdir(parents=True, exist_ok=True)
+    for image_id, img in images.items():
+        Image.fromarray(img).save(out / split / image_name(split, image_id, ".png"))
+    license_ = {"name": "synthetic, generated by splitlab", "url": ""}
+    questions_doc = {
+        "info": _info(seed),
+        "task_type": "Open-Ended",
+        "data_type": "mscoco",
+        "license": license_,
+        "data_subtype": split,
+        "questions": questions,
+    }
+    annotations_doc = {
+        "info": _info(seed),
+        "license": license_,
+        "data_type": "mscoco",
+        "data_subtype": split,
+        "annotations": annotations,
+    }
+    questions_file(out, split).write_text(json.dumps(questions_doc))
+    annotations_file(out, split).write_text(json.dumps(annotations_doc))
+
+
+def _hf_split(questions: list[dict], annotations: list[dict], images: dict[int, np.ndarray]) -> Any:
+    """One row per question, the columns and answer structs of HuggingFaceM4/VQAv2."""
+    import datasets
+
+    answer = {
+        "answer": datasets.Value("string"),
+        "answer_confidence": datasets.Value("string"),
+        "answer_id": datasets.Value("int64"),
+    }
+    features = datasets.Features(
+        {
+            "question_type": datasets.Value("string"),
+            "multiple_choice_answer": datasets.Value("string"),
+            "answers": [answer],
+            "image_id": datasets.Value("int64"),
+            "answer_type": datasets.Value("string"),
+            "question_id": datasets.Value("int64"),
+            "question": datasets.Value("string"),
+            "image": datasets.Image(),
+        }
+    )
+    rows: dict[str, list] = {name: [] for name in features}
+    for q, a in zip(questions, annotations, strict=True):
+        for key in ("question_type", "multiple_choice_answer", "answers", "answer_type"):
+            rows[key].append(a[key])
+        for key in ("image_id", "question_id", "question"):
+            rows[key].append(q[key])
+        rows["image"].append(Image.fromarray(images[q["image_id"]]))
+    return datasets.Dataset.from_dict(rows, features=features)
