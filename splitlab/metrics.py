@@ -225,7 +225,9 @@ _VQA_NUMBERS = {
     "ten": "10",
 }
 _VQA_ARTICLES = frozenset({"a", "an", "the"})
-# Contracted forms as the official table writes them; the lookup keys are derived from them below.
+# Contracted forms as the official table writes them; the lookup keys are derived from them below
+# (every apostrophe-less spelling), so they may include a few rare spellings the official table lacks
+# ("shes", "hedve"): such an answer is restored here and left alone by the official script.
 _VQA_CONTRACTED = (  # noqa: SIM905  (a hundred words read better as text than one per line)
     "ain't aren't can't could've couldn't couldn't've didn't doesn't don't hadn't hadn't've hasn't "
     "haven't he'd he'd've he's how'd how'll how's I'd I'd've I'm I've isn't it'd it'd've it'll let's "

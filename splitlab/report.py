@@ -131,9 +131,14 @@ def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     metric = first["metric"]
     rows = []
     for run, summary in summaries.items():
-        if summary["metric"] != metric:
-            raise ValueError(f"{run}: metric {summary['metric']!r}, the first run reports {metric!r}")
+        if summary["metric"] != metric or summary["task"] != first["task"]:
+            raise ValueError(
+                f"{run}: task {summary['task']!r} ({summary['metric']}), the first run is "
+                f"{first['task']!r} ({metric}): compare runs of one task"
+            )
         trained = summary.get("trained_policy", "learned")
+        if trained not in summary["policies"]:
+            raise ValueError(f"{run}: its summary has no row for its trained policy {trained!r}")
         row = summary["policies"][trained]
         rows.append({"run": run, "trained_policy": trained, **{k: row.get(k) for k in CURVE_KEYS}})
     uniform = first["policies"].get("uniform")
@@ -156,10 +161,15 @@ def format_compare(record: dict[str, Any]) -> str:
         f"| run | trained policy | {metric} | fraction | max fraction | img/s |",
         "|---|---|---|---|---|---|",
     ]
+
+    def number(value: Any, digits: int) -> str:  # summaries write NaN (nothing measured) as null
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
     for r in record["rows"]:
         lines.append(
-            f"| {r['run']} | {r['trained_policy']} | {r['metric']:.4f} | {r['token_fraction_mean']:.3f} | "
-            f"{(r['token_fraction_max'] or float('nan')):.3f} | {r['images_per_second']:.1f} |"
+            f"| {r['run']} | {r['trained_policy']} | {number(r['metric'], 4)} | "
+            f"{number(r['token_fraction_mean'], 3)} | {number(r['token_fraction_max'], 3)} | "
+            f"{number(r['images_per_second'], 1)} |"
         )
     return "\n".join(lines)
 
@@ -173,6 +183,8 @@ def plot_compare(record: dict[str, Any], path: str | Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in record["rows"]:
+        if r["metric"] is None or r["token_fraction_mean"] is None:  # nothing measured: table only
+            continue
         ax.plot(r["token_fraction_mean"], r["metric"], "o", label=f"{r['trained_policy']} ({r['run']})")
     ax.set(
         xlabel="realised token fraction", ylabel=record["metric"], title=f"{record['task']}: trained policies"

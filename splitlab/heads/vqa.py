@@ -103,9 +103,14 @@ def build_language_model(lm: str | dict[str, Any], vocab_size: int | None = None
     from transformers import LlavaForConditionalGeneration
 
     llava = LlavaForConditionalGeneration.from_pretrained(lm)
-    language = AutoModelForCausalLM.from_config(config.text_config)
-    language.model.load_state_dict(llava.model.language_model.state_dict())
-    language.lm_head.load_state_dict(llava.lm_head.state_dict())
+    # The causal-LM shell is built on the meta device and takes LLaVA's own modules, so the 7B
+    # weights exist once (not a second float32 copy); the vision tower is freed with `llava`.
+    with torch.device("meta"):
+        language = AutoModelForCausalLM.from_config(config.text_config)
+    language.model, language.lm_head = llava.model.language_model, llava.lm_head
+    left = [name for name, t in [*language.named_parameters(), *language.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"lm={lm!r}: LLaVA's language model did not fill the causal-LM shell ({left[:3]})")
     projector = llava.model.multi_modal_projector
     weights = {
         "0.weight": projector.linear_1.weight,
@@ -114,6 +119,28 @@ def build_language_model(lm: str | dict[str, Any], vocab_size: int | None = None
         "2.bias": projector.linear_2.bias,
     }
     return language, {k: v.detach().clone() for k, v in weights.items()}
+
+
+def with_lora(lm: nn.Module, settings: dict[str, Any]) -> nn.Module:
+    """``lm`` with LoRA adapters (``peft``): the LM's own weights frozen, only the adapters train.
+
+    ``settings`` are `peft.LoraConfig` arguments (``r``, ``lora_alpha``, ``target_modules``, ...);
+    without ``target_modules`` peft picks its default for the model type (Llama: q_proj, v_proj).
+    """
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as err:
+        raise ImportError("lora: needs peft (pip install 'splitlab[lora]')") from err
+    try:
+        config = LoraConfig(task_type="CAUSAL_LM", **settings)
+    except TypeError as err:
+        raise ValueError(f"lora={settings}: not peft.LoraConfig settings ({err})") from err
+    return get_peft_model(lm, config)
+
+
+def lora_adapters(lm: nn.Module) -> list[nn.Module]:
+    """The LoRA adapter weights inside ``lm`` (what a LoRA fine-tune trains); empty without LoRA."""
+    return [m for name, m in lm.named_modules() if name.rsplit(".", 1)[-1] in ("lora_A", "lora_B")]
 
 
 class LanguageBridge(nn.Module):
@@ -135,6 +162,17 @@ class LanguageBridge(nn.Module):
                 f"prompt={template!r}: the template needs exactly one {IMAGE} placeholder (where the visual "
                 "tokens go) and a {question} field"
             )
+        try:
+            template.format(question="?")
+        except (KeyError, IndexError, ValueError) as err:
+            raise ValueError(
+                f"prompt={template!r}: only {{question}} may be a field ({err!r}); write literal braces as {{{{ }}}}"
+            ) from err
+        if tokenizer.eos_token_id is None:
+            raise ValueError(
+                f"tokenizer {type(tokenizer).__name__} has no end-of-sequence token: answers are taught to end "
+                "with one and generation stops at it (set tokenizer.eos_token)"
+            )
         self.lm, self.tokenizer, self.max_new_tokens = lm, tokenizer, int(max_new_tokens)
         self.before, self.after = template.split(IMAGE)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -147,6 +185,15 @@ class LanguageBridge(nn.Module):
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def _answer_ids(self, after: str, answer: str) -> list[int]:
+        """The answer's tokens as the LM writes them after the prompt: encoded in context, then cut
+        off, because SentencePiece tokenizers encode a word alone differently (an extra ``▁``)."""
+        context = self._ids(after)
+        whole = self._ids(f"{after} {answer}")
+        if len(whole) > len(context) and whole[: len(context)] == context:
+            return whole[len(context) :]
+        return self._ids(" " + answer)  # the prompt's last token merged with the answer: encode apart
 
     def prompts(
         self,
@@ -166,8 +213,9 @@ class LanguageBridge(nn.Module):
         for i, (tokens, asked) in enumerate(zip(visual, questions, strict=True)):
             for j, question in enumerate(asked):
                 before = self._ids(self.before.format(question=question))  # the question may come first
-                after = self._ids(self.after.format(question=question))
-                answer = self._ids(" " + answers[i][j]) + [self.eos] if answers is not None else []
+                text = self.after.format(question=question)
+                after = self._ids(text)
+                answer = self._answer_ids(text, answers[i][j]) + [self.eos] if answers is not None else []
                 head = torch.tensor(self.bos + before, dtype=torch.long, device=device)
                 tail = torch.tensor(after + answer, dtype=torch.long, device=device)
                 rows.append(torch.cat([embed(head), tokens.to(dtype), embed(tail)]))

@@ -55,7 +55,8 @@ class PolicyEvaluation:
         for budget in budgets:
             suffix = "" if budget == budgets[0] else at(budget)
             with timed(images.device) as elapsed:
-                outputs, layout = self(images, policy=self.deployed_policy, budget=budget)
+                outputs, layout = self(images, policy=self.deployed_policy, budget=budget, seed=batch_idx)
+                outputs = self.finish_outputs(outputs, targets)
             self._record(stats[slot("learned" + suffix)], outputs, targets, layout, elapsed())
             first = first or layout
             if not full:
@@ -66,8 +67,14 @@ class PolicyEvaluation:
                     continue
                 with timed(images.device) as elapsed:
                     out, base = self(images, policy=policy, fraction=realised, seed=batch_idx)
+                    out = self.finish_outputs(out, targets)
                 self._record(stats[slot(policy + suffix)], out, targets, base, elapsed())
         return {"images": images, "layout": first} if batch_idx == 0 else {}
+
+    def finish_outputs(self, outputs: Any, targets: Any) -> Any:
+        """Inference work after the task head that belongs in images/s (VQA: the language model
+        answering); the default has none."""
+        return outputs
 
     def _record(self, stat: Any, outputs: Any, targets: Any, layout: Any, seconds: float) -> None:
         stat.update_layout(layout.fraction, seconds)
@@ -138,7 +145,7 @@ class PolicyEvaluation:
         (``outputs`` and ``layout`` when the caller already computed them)."""
         if layout is None:
             images, _ = self.split_batch(batch) if isinstance(batch, list | tuple) else (batch, None)
-            outputs, layout = self(images)
+            outputs, layout = self(images, policy=self.deployed_policy, seed=batch_idx)
         finest = self.levels.finest
         records = []
         for i, (boxes, levels) in enumerate(

@@ -10,7 +10,15 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
 from splitlab.backbone import PackedFeatures
-from splitlab.heads.vqa import PROMPT, LanguageBridge, VQAHead, build_language_model, build_tokenizer
+from splitlab.heads.vqa import (
+    PROMPT,
+    LanguageBridge,
+    VQAHead,
+    build_language_model,
+    build_tokenizer,
+    lora_adapters,
+    with_lora,
+)
 from splitlab.metrics import VQAAccuracy
 from splitlab.tasks.base import SplitTask
 from splitlab.tokenizer import TokenLayout
@@ -36,6 +44,8 @@ class VQATask(SplitTask):
         raster_anchor: the cell that places a coarse token in raster order: ``corner`` or ``centre``.
         max_new_tokens: longest generated answer.
         train_lm: fine-tune the LM too (dense and warm-start stages).
+        lora: `peft.LoraConfig` settings (e.g. ``{r: 16, lora_alpha: 32}``) to fine-tune LoRA adapters
+            of the frozen LM with the ViT instead (dense and warm-start stages); off by default.
         question_types: question types whose accuracy is reported apart (``vqa_q_<type>``).
         **kwargs: `SplitTask` arguments.
     """
@@ -53,6 +63,7 @@ class VQATask(SplitTask):
         raster_anchor: str = "corner",
         max_new_tokens: int = 8,
         train_lm: bool = False,
+        lora: dict[str, Any] | None = None,
         question_types: list[str] | tuple[str, ...] = (),
         **kwargs: Any,
     ) -> None:
@@ -62,7 +73,6 @@ class VQATask(SplitTask):
         hp = self.hparams
         text = build_tokenizer(hp.tokenizer)
         language, projector = build_language_model(hp.lm, vocab_size=len(text))
-        bridge = LanguageBridge(language, text, hp.prompt, hp.max_new_tokens)
         depth = self.backbone.depth
         if not -depth <= hp.feature_block < depth:
             raise ValueError(f"feature_block={hp.feature_block} out of range for a {depth}-block backbone")
@@ -71,13 +81,23 @@ class VQATask(SplitTask):
                 f"lm={hp.lm!r}: its projector reads {projector['0.weight'].shape[1]}-wide features, the backbone "
                 f"{hp.backbone!r} gives {self.backbone.embed_dim}"
             )
+        if hp.lora is not None and hp.train_lm:
+            raise ValueError(
+                f"train_lm=True with lora={hp.lora}: choose one (LoRA trains adapters of a frozen LM)"
+            )
         language.requires_grad_(bool(hp.train_lm))
+        if hp.lora is not None:
+            language = with_lora(language, dict(hp.lora))
+        bridge = LanguageBridge(language, text, hp.prompt, hp.max_new_tokens)
         return VQAHead(self.backbone.embed_dim, bridge, hp.token_order, hp.raster_anchor, projector)
 
     def task_modules(self) -> list[nn.Module]:
-        """ViT, embeddings and projector (and the LM with ``train_lm``): a frozen LM never trains."""
+        """ViT, embeddings and projector (and the LM with ``train_lm``, its adapters with ``lora``):
+        a frozen LM never trains."""
         modules = [self.backbone, self.tokenizer.embed, self.head.projector]
-        return [*modules, self.head.bridge.lm] if self.hparams.train_lm else modules
+        if self.hparams.train_lm:
+            return [*modules, self.head.bridge.lm]
+        return [*modules, *lora_adapters(self.head.bridge.lm)]
 
     def train(self, mode: bool = True) -> VQATask:
         super().train(mode)
@@ -102,15 +122,19 @@ class VQATask(SplitTask):
     def build_metrics(self) -> MetricCollection:
         return MetricCollection({"vqa": VQAAccuracy(question_types=list(self.hparams.question_types))})
 
+    def finish_outputs(self, outputs: list[Tensor], targets: list[dict[str, Any]]) -> list[list[str]]:
+        """The answers (prefill and greedy decoding), inside the evaluation's clock: in VQA the
+        language model is where the visual token count costs most."""
+        return self.head.bridge.answer(outputs, [t["questions"] for t in targets])
+
     def update_metrics(
         self,
         metrics: MetricCollection,
-        outputs: list[Tensor],
+        outputs: list[list[str]],
         targets: list[dict[str, Any]],
         layout: TokenLayout,
     ) -> None:
-        predicted = self.head.bridge.answer(outputs, [t["questions"] for t in targets])
-        flat = [p for image in predicted for p in image]
+        flat = [p for image in outputs for p in image]
         metrics["vqa"].update(
             flat,
             [a for t in targets for a in t["answers"]],
@@ -122,7 +146,7 @@ class VQATask(SplitTask):
         """Each image's layout (as for every task) and its answers; the official results file
         (``vqa_results.json``: ``[{question_id, answer}]``) is written at the end of predict."""
         images, targets = self.split_batch(batch)
-        outputs, layout = self(images)
+        outputs, layout = self(images, policy=self.deployed_policy, seed=batch_idx)
         answers = self.head.bridge.answer(outputs, [t["questions"] for t in targets])
         records = super().predict_step(batch, batch_idx, outputs=outputs, layout=layout)
         for record, target, said in zip(records, targets, answers, strict=True):

@@ -130,8 +130,61 @@ def test_the_question_may_come_before_the_image(bridge) -> None:
     assert int(mask.sum()) == inputs.shape[1] and int((labels != -100).sum()) == 2  # "red" and </s>
 
 
+class _LegacySentencePiece:
+    """Encodes like a legacy Llama tokenizer: text that starts with a space gets a lone ``▁`` (id 9)."""
+
+    pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
+    words = {"assistant:": 3, "yes": 4, "no": 5}
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": [9] * text.startswith(" ") + [self.words[w] for w in text.split()]}
+
+
+def test_answers_are_encoded_as_the_lm_writes_them_after_the_prompt(bridge) -> None:
+    legacy = LanguageBridge(bridge.lm, _LegacySentencePiece(), template="<image> {question} assistant:")
+    _, _, labels, _ = legacy.prompts([torch.randn(2, 32)], [["yes"]], [["no"]])
+    assert labels[0][labels[0] != -100].tolist() == [5, 2]  # "no" then </s>, no stray "▁"
+
+
 def test_prompt_and_vocabulary_refusals(bridge, tmp_path) -> None:
     with pytest.raises(ValueError, match="needs exactly one <image> placeholder"):
         LanguageBridge(bridge.lm, bridge.tokenizer, template="USER: {question} ASSISTANT:")
+    with pytest.raises(ValueError, match=r"only \{question\} may be a field"):
+        LanguageBridge(bridge.lm, bridge.tokenizer, template="<image> {question} {answer}")
+    no_eos = _LegacySentencePiece()
+    no_eos.eos_token_id = None
+    with pytest.raises(ValueError, match="has no end-of-sequence token"):
+        LanguageBridge(bridge.lm, no_eos, template="<image> {question}")
     with pytest.raises(FileNotFoundError, match="no such vocabulary file"):
         build_tokenizer(str(tmp_path / "missing.json"))
+
+
+def test_a_llava_checkpoint_gives_its_language_model_and_projector(tmp_path) -> None:
+    """The paper-scale path (``lm: llava-hf/llava-1.5-7b-hf``) on a tiny LLaVA saved in the Hugging Face
+    format: the causal LM computes LLaVA's own logits, the projector weights are LLaVA's."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    text = LlamaConfig(**{**LM, "vocab_size": 100, "max_position_embeddings": 64})
+    torch.manual_seed(0)
+    llava = LlavaForConditionalGeneration(
+        LlavaConfig(vision_config=vision, text_config=text, image_token_index=99)
+    )
+    llava.eval().save_pretrained(tmp_path / "llava")
+    language, projector = build_language_model(str(tmp_path / "llava"))
+    ids = torch.randint(0, 99, (2, 7))
+    with torch.no_grad():
+        assert torch.allclose(language.eval()(input_ids=ids).logits, llava(input_ids=ids).logits, atol=1e-5)
+    theirs = llava.model.multi_modal_projector
+    assert torch.equal(projector["0.weight"], theirs.linear_1.weight) and projector["0.weight"].shape[1] == 32
+    assert torch.equal(projector["2.bias"], theirs.linear_2.bias)
+    assert sum(p.numel() for p in language.parameters()) == sum(
+        p.numel() for p in [*llava.model.language_model.parameters(), *llava.lm_head.parameters()]
+    )

@@ -58,6 +58,17 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
         assert area == 64 * 64 and rec["token_fraction"] == pytest.approx(len(rec["tokens"]) / 64)
 
 
+def test_predict_deploys_the_trained_policy(shapes_root, tmp_path) -> None:
+    """Predict uses what validate and test use: after a dense-only run that is the uniform grid,
+    not the untrained decision module."""
+    fit(shapes_root, tmp_path, *schedule_args(0, 0, dense=1))
+    out = tmp_path / "predict"
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    lightning_main(["predict", *tiny_args(shapes_root, out), f"--ckpt_path={ckpt}"])
+    lines = [json.loads(line) for line in (out / "layouts.jsonl").read_text().splitlines()]
+    assert lines and all(rec["token_fraction"] == 1.0 for rec in lines)
+
+
 def test_ppo_changes_only_the_policy(shapes_root, tmp_path) -> None:
     cli = fit(shapes_root, tmp_path, *schedule_args(1, 1))
     start = torch.load(next((tmp_path / "checkpoints").glob("epoch=0-*.ckpt")), weights_only=False)[

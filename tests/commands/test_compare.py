@@ -1,0 +1,57 @@
+"""``splitlab compare``: each run's trained row side by side, the first run's uniform grid, clear refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from splitlab.commands import run
+from splitlab.report import summary_record, write_summary
+
+
+def row(metric: float, fraction: float) -> dict[str, float]:
+    return {
+        "metric": metric,
+        "token_fraction_mean": fraction,
+        "token_fraction_max": fraction + 0.1,
+        "token_fraction_std": 0.05,
+        "images_per_second": 100.0,
+    }
+
+
+def summary(tmp_path, name: str, trained: str, rows: dict, task: str = "classification") -> str:
+    record = summary_record(task, "top1", 0.5, 0.2, rows, "fit", trained_policy=trained)
+    write_summary(record, tmp_path / name)
+    return str(tmp_path / name)
+
+
+def test_trained_rows_side_by_side(tmp_path, capsys) -> None:
+    split = summary(
+        tmp_path,
+        "split",
+        "learned",
+        {"learned": row(0.97, 0.5), "uniform": row(0.99, 1.0), "entropy": row(0.5, 0.5)},
+    )
+    apt = summary(tmp_path, "apt", "entropy", {"entropy": row(0.27, 0.5), "uniform": row(0.70, 1.0)})
+    nothing = summary(tmp_path, "empty", "random", {"random": row(float("nan"), 0.5)})
+    assert run(["compare", split, apt, nothing, "--out", str(tmp_path / "cmp")]) == 0
+    record = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert [(r["run"], r["trained_policy"], r["metric"]) for r in record["rows"]] == [
+        (split, "learned", 0.97),  # not the learned run's same-backbone entropy row
+        (apt, "entropy", 0.27),
+        (nothing, "random", None),  # NaN in summary.json is null
+        ("(uniform grid)", "uniform", 0.99),  # the first run's
+    ]
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| n/a |" in table and table in capsys.readouterr().out
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 0
+
+
+def test_compare_refuses_runs_it_cannot_line_up(tmp_path) -> None:
+    split = summary(tmp_path, "split", "learned", {"learned": row(0.97, 0.5)})
+    seg = summary(tmp_path, "seg", "learned", {"learned": row(0.8, 0.5)}, task="ade20k")
+    with pytest.raises(ValueError, match="task 'ade20k' .*the first run is 'classification'"):
+        run(["compare", split, seg])
+    with pytest.raises(FileNotFoundError, match="summary.json not found"):
+        run(["compare", split, str(tmp_path / "missing")])
