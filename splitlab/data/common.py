@@ -77,6 +77,8 @@ class SkipCorrupt(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
+        if not -len(self.dataset) <= index < len(self.dataset):  # `for x in dataset` must end
+            raise IndexError(f"index {index} out of range for {len(self.dataset)} samples")
         for attempt in range(self.max_skips + 1):
             i = (index + attempt) % len(self.dataset)
             try:

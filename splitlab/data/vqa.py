@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 from splitlab.data.common import PadTo, SkipCorrupt, SplitDataModule, require_dir
@@ -129,16 +129,26 @@ def _group(rows: list[dict[str, Any]], max_questions: int | None) -> list[dict[s
     return items
 
 
-def load_vqa(root: Path, split: str, max_questions: int | None = None) -> list[dict[str, Any]]:
+def load_vqa(
+    root: Path, split: str, max_questions: int | None = None, answers: bool = True
+) -> list[dict[str, Any]]:
     """Read and check one split of the official files: one item per image, ``{"source": image path,
     "target": the target dict}``.
 
     Checks (each error names the file): both files exist; every question has an annotation with
     10 answers and a known answer type; questions and annotations agree on the image; every
-    image exists as ``{split}/COCO_{split}_{id:012d}.jpg`` or ``.png``.
+    image exists as ``{split}/COCO_{split}_{id:012d}.jpg`` or ``.png``. With ``answers=False``
+    (predict) a split without annotations file is read from its questions alone (test-dev and
+    test2015 publish none): its targets have no answers.
     """
     q_path, a_path = questions_file(root, split), annotations_file(root, split)
     questions = _read_json(q_path, "questions", "questions")
+    if not answers and not a_path.is_file():
+        unanswered = {"answers": [], "answer_type": "", "question_type": "", "multiple_choice_answer": ""}
+        annotations = {q["question_id"]: {**unanswered, "image_id": q["image_id"]} for q in questions}
+        return _group(
+            _rows(questions, annotations, _image_files(root, split, questions, q_path)), max_questions
+        )
     annotations = {a["question_id"]: a for a in _read_json(a_path, "annotations", "annotations")}
     orphans = [q["question_id"] for q in questions if q["question_id"] not in annotations]
     if orphans:
@@ -155,6 +165,11 @@ def load_vqa(root: Path, split: str, max_questions: int | None = None) -> list[d
                 f"{q_path} and {a_path} disagree on the image of question_id {q['question_id']}: "
                 f"image_id {q['image_id']} vs {annotations[q['question_id']].get('image_id')}"
             )
+    return _group(_rows(questions, annotations, _image_files(root, split, questions, q_path)), max_questions)
+
+
+def _image_files(root: Path, split: str, questions: list[dict[str, Any]], q_path: Path) -> dict[int, Path]:
+    """Each asked-about image's file (``.jpg`` or ``.png``); all missing ones named in one error."""
     folder = root / split
     present = {entry.name for entry in os.scandir(folder)} if folder.is_dir() else set()
     files, missing = {}, []
@@ -174,6 +189,13 @@ def load_vqa(root: Path, split: str, max_questions: int | None = None) -> list[d
         raise FileNotFoundError(
             f"{q_path} names {len(missing)} image(s) missing from {folder}, e.g. {missing[0]} (or .png)"
         )
+    return files
+
+
+def _rows(
+    questions: list[dict[str, Any]], annotations: dict[int, dict[str, Any]], files: dict[int, Path]
+) -> list[dict[str, Any]]:
+    """One row per question: the question, its annotation's fields and its image file."""
     rows = []
     for q in questions:
         ann = annotations[q["question_id"]]
@@ -185,20 +207,24 @@ def load_vqa(root: Path, split: str, max_questions: int | None = None) -> list[d
                 "answers": ann["answers"],
                 "answer_type": ann["answer_type"],
                 "question_type": ann.get("question_type", ""),
-                "multiple_choice_answer": ann.get("multiple_choice_answer") or most_frequent(ann["answers"]),
+                "multiple_choice_answer": ann.get("multiple_choice_answer")
+                or (most_frequent(ann["answers"]) if ann["answers"] else ""),
                 "source": files[q["image_id"]],
             }
         )
-    return _group(rows, max_questions)
+    return rows
 
 
 HF_COLUMNS = ("image", "question", "question_id", "image_id", "answers", "answer_type")
 
 
-def load_vqa_hf(split: Any, name: str, max_questions: int | None = None) -> list[dict[str, Any]]:
+def load_vqa_hf(
+    split: Any, name: str, max_questions: int | None = None, answers: bool = True
+) -> list[dict[str, Any]]:
     """Items like `load_vqa` from a `datasets` split with one row per question (``source`` is the
     row holding the image). ``question_type`` and ``multiple_choice_answer`` are optional columns
-    (empty, and the most frequent answer, when absent)."""
+    (empty, and the most frequent answer, when absent). With ``answers=False`` (predict) rows without
+    answers (a test split) are kept unanswered."""
     missing = [c for c in HF_COLUMNS if c not in split.column_names]
     if missing:
         raise ValueError(
@@ -209,17 +235,19 @@ def load_vqa_hf(split: Any, name: str, max_questions: int | None = None) -> list
     rows = []
     for index in range(len(split)):
         row = {c: table[c][index] for c in wanted}
-        answers = _answer_strings(row["answers"])
-        check_annotation(answers, row["answer_type"], row["question_id"], name)
+        given = _answer_strings(row["answers"] or [])
+        if answers or given:
+            check_annotation(given, row["answer_type"], row["question_id"], name)
         rows.append(
             {
                 "image_id": int(row["image_id"]),
                 "question_id": int(row["question_id"]),
                 "question": row["question"],
-                "answers": answers,
-                "answer_type": row["answer_type"],
+                "answers": given,
+                "answer_type": row["answer_type"] or "",
                 "question_type": row.get("question_type") or "",
-                "multiple_choice_answer": row.get("multiple_choice_answer") or most_frequent(answers),
+                "multiple_choice_answer": row.get("multiple_choice_answer")
+                or (most_frequent(given) if given else ""),
                 "source": index,
             }
         )
@@ -288,6 +316,8 @@ class VQAv2Data(SplitDataModule):
         strict: stop at the first unreadable image instead of skipping and counting it.
         max_questions: keep at most this many questions per image (the first by question_id) to
             bound the language side of a batch.
+        predict_split: the split ``predict`` answers (default ``val_split``); it may have questions
+            only (``test-dev2015``, ``test2015``), for the official server.
     """
 
     test_key = "val"
@@ -307,6 +337,7 @@ class VQAv2Data(SplitDataModule):
         shuffle_seed: int = 0,
         strict: bool = False,
         max_questions: int | None = None,
+        predict_split: str | None = None,
     ) -> None:
         super().__init__()
         if (root is None) == (hf_dataset is None):
@@ -338,19 +369,19 @@ class VQAv2Data(SplitDataModule):
             return questions_file(Path(hp.root), name).is_file()
         return name in self.hf_splits()
 
-    def _split(self, name: str) -> Dataset:
+    def _split(self, name: str, answers: bool = True) -> Dataset:
         hp = self.hparams
         if hp.root is not None:
-            items = load_vqa(Path(hp.root), name, hp.max_questions)
+            items = load_vqa(Path(hp.root), name, hp.max_questions, answers)
             ds = VQAImages(items, self.transform())
             return SkipCorrupt(ds, lambda i: str(ds.items[i]["source"]), hp.strict)
         splits = self.hf_splits()
         label = f"data.hf_dataset={hp.hf_dataset!r}[{name}]"
         if name not in splits:
             raise FileNotFoundError(
-                f"{label}: no such split (splits: {list(splits)}); set data.train_split/val_split"
+                f"{label}: no such split (splits: {list(splits)}); set data.train_split/val_split/predict_split"
             )
-        items = load_vqa_hf(splits[name], label, hp.max_questions)
+        items = load_vqa_hf(splits[name], label, hp.max_questions, answers)
         ds = VQAImages(items, self.transform(), splits[name].select_columns(["image"]))
         return SkipCorrupt(
             ds,
@@ -360,9 +391,16 @@ class VQAv2Data(SplitDataModule):
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
+        if stage == "predict":
+            if "predict" not in self.datasets:
+                self.datasets["predict"] = self._split(hp.predict_split or hp.val_split, answers=False)
+            return
         if "val" not in self.datasets:
             self.datasets["val"] = self._split(hp.val_split)
         if "train" not in self.datasets and (stage == "fit" or self._exists(hp.train_split)):
             self.datasets["train"] = self._split(hp.train_split)
 
     collate_fn = staticmethod(collate)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("predict", shuffle=False)

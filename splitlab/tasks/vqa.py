@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
@@ -161,8 +162,15 @@ class VQATask(SplitTask):
         self._results: list[dict[str, Any]] = []
 
     def on_predict_epoch_end(self) -> None:
-        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
-        suffix = f".rank{self.trainer.global_rank}" if self.trainer.world_size > 1 else ""
-        path = folder / f"vqa_results{suffix}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self._results) + "\n")
+        """One ``vqa_results.json`` (on rank 0): every rank's answers gathered, each question once
+        (the distributed sampler repeats a few images to even out the ranks), sorted by id."""
+        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)  # a collective: every rank
+        gathered = [self._results]
+        if self.trainer.world_size > 1 and torch.distributed.is_initialized():
+            gathered = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(gathered, self._results)
+        if not self.trainer.is_global_zero:
+            return
+        answers = {r["question_id"]: r for part in gathered for r in part}
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "vqa_results.json").write_text(json.dumps([answers[q] for q in sorted(answers)]) + "\n")

@@ -199,6 +199,49 @@ def test_letterbox_keeps_aspect_and_pads(tmp_path: Path, vqa_root: Path) -> None
     assert image[:, :32].abs().max() > 0
 
 
+def test_predict_reads_a_split_with_questions_only(tmp_path: Path, vqa_root: Path) -> None:
+    """test-dev / test2015 publish questions without annotations: predict answers them; fit refuses."""
+    root = _copy(vqa_root, tmp_path)
+    _, questions, a_path, _ = _docs(root, "val2014")
+    a_path.unlink()
+    dm = VQAv2Data(root=str(root), img_size=64, batch_size=2, num_workers=0)
+    dm.setup("predict")
+    targets = [t for _, batch in dm.predict_dataloader() for t in batch]
+    asked = sorted(q["question_id"] for q in questions["questions"])
+    assert sorted(qid for t in targets for qid in t["question_ids"]) == asked
+    assert all(a == [] for t in targets for a in t["answers"])
+    with pytest.raises(
+        FileNotFoundError, match="v2_mscoco_val2014_annotations.json: no such annotations file"
+    ):
+        _setup(root)
+    unanswered = VQAv2Data(root=str(root), img_size=64, predict_split="train2014", num_workers=0)
+    unanswered.setup("predict")  # a split with annotations keeps its answers
+    predict = unanswered.datasets["predict"]
+    assert all(len(a) == 10 for i in range(len(predict)) for a in predict[i][1]["answers"])
+
+
+def test_hf_test_split_without_answers(tmp_path: Path) -> None:
+    import datasets
+
+    image = Image.new("RGB", (40, 20), (200, 10, 10))
+    rows = {
+        "image": [image, image],
+        "question": ["what color is it?", "is it red?"],
+        "question_id": [11, 10],
+        "image_id": [1, 1],
+        "answers": [[], []],
+        "answer_type": [None, None],
+    }
+    path = tmp_path / "hf"
+    datasets.DatasetDict({"test": datasets.Dataset.from_dict(rows)}).save_to_disk(str(path))
+    dm = VQAv2Data(hf_dataset=str(path), val_split="test", predict_split="test", img_size=64, num_workers=0)
+    dm.setup("predict")
+    (_, target) = dm.datasets["predict"][0]
+    assert target["question_ids"] == [10, 11] and target["answers"] == [[], []]
+    with pytest.raises(ValueError, match="question_id 11 has 0 answers"):
+        dm.setup("fit")
+
+
 def test_hf_round_trip(tmp_path: Path, vqa_root: Path) -> None:
     hf = generate_vqa(tmp_path / "hf", image_size=64, train=4, val=2, seed=0, fmt="hf")
     assert (hf / "vocab.json").read_text() == (vqa_root / "vocab.json").read_text()
@@ -252,6 +295,7 @@ def test_unreadable_image_is_skipped_and_named(tmp_path: Path, vqa_root: Path) -
     with pytest.warns(UserWarning, match=f"skipping .*{first.name}"):
         _, target = dm.datasets["val"][0]
     assert target["image_id"] != int(first.stem.split("_")[-1]) and dm.datasets["val"].take_count() == 1
+    assert len(list(dm.datasets["val"])) == len(dm.datasets["val"])  # iterating ends (no wrap-around)
 
 
 # bad input: each check names the file (and the question or image)

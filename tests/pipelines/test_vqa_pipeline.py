@@ -9,11 +9,14 @@ contracts (budget met, every accuracy reported, results format), not an accuracy
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
 from splitlab.cli import lightning_main
 from splitlab.commands.demo import ci_recipe, run_pipeline
+from tests.helpers import launch
 
 KINDS = ("vqa_q_what_pattern", "vqa_q_what_color", "vqa_q_is_there", "vqa_q_how_many")
 
@@ -44,9 +47,13 @@ def test_the_vqa_twin_meets_its_budget_and_reports_every_accuracy(vqa_run, capsy
 @pytest.mark.parametrize("command", ["validate", "test", "predict"])
 def test_validate_test_and_predict_from_the_checkpoint(vqa_run, tmp_path, command) -> None:
     out, record = vqa_run
+    data = out / "data"
+    if command == "predict":  # as for test-dev: the split to answer has questions only
+        data = Path(shutil.copytree(data, tmp_path / "questions-only"))
+        (data / "v2_mscoco_val2014_annotations.json").unlink()
     args = [
         *ci_recipe("vqa"),
-        f"--data.init_args.root={out / 'data'}",
+        f"--data.init_args.root={data}",
         f"--model.init_args.tokenizer={out / 'data' / 'vocab.json'}",
         "--trainer.logger=false",
         f"--trainer.default_root_dir={tmp_path}",
@@ -66,3 +73,30 @@ def test_validate_test_and_predict_from_the_checkpoint(vqa_run, tmp_path, comman
         assert again["policies"]["learned"]["metric"] == pytest.approx(
             record["policies"]["learned"]["metric"], abs=1e-6
         )
+
+
+def test_predict_on_two_ranks_writes_one_results_file(vqa_run, tmp_path) -> None:
+    """DDP predict (2 CPU ranks over gloo): rank 0 gathers every rank's answers into one official file,
+    each question once although the sampler pads 100 images to 2 x 50 (or repeats some)."""
+    out, _ = vqa_run
+    launch(
+        [
+            "predict",
+            *ci_recipe("vqa"),
+            f"--data.init_args.root={out / 'data'}",
+            f"--model.init_args.tokenizer={out / 'data' / 'vocab.json'}",
+            "--trainer.logger=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=2",
+            "--trainer.strategy=ddp",
+            f"--ckpt_path={out / 'checkpoints' / 'last.ckpt'}",
+        ]
+    )
+    results = json.loads((tmp_path / "vqa_results.json").read_text())
+    questions = json.loads((out / "data" / "v2_OpenEnded_mscoco_val2014_questions.json").read_text())[
+        "questions"
+    ]
+    assert [r["question_id"] for r in results] == sorted(q["question_id"] for q in questions)
+    assert not list(tmp_path.glob("vqa_results.rank*.json"))
