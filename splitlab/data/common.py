@@ -109,15 +109,18 @@ class SkipCorrupt(Dataset):
 
 
 class PadTo(v2.Transform):
-    """Pad bottom/right up to ``size`` x ``size``: images with 0, masks with ``mask_fill``."""
+    """Pad up to ``size`` x ``size``, bottom/right (or evenly on both sides with ``centre``, as
+    LLaVA-1.5's ``expand2square``): images with 0, masks with ``mask_fill``."""
 
-    def __init__(self, size: int, mask_fill: int = 0) -> None:
+    def __init__(self, size: int, mask_fill: int = 0, centre: bool = False) -> None:
         super().__init__()
-        self.size, self.mask_fill = size, mask_fill
+        self.size, self.mask_fill, self.centre = size, mask_fill, centre
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
         h, w = inpt.shape[-2:]
-        pad = [0, 0, max(self.size - w, 0), max(self.size - h, 0)]
+        extra_w, extra_h = max(self.size - w, 0), max(self.size - h, 0)
+        left, top = (extra_w // 2, extra_h // 2) if self.centre else (0, 0)
+        pad = [left, top, extra_w - left, extra_h - top]
         fill = self.mask_fill if isinstance(inpt, tv_tensors.Mask) else 0
         return v2.functional.pad(inpt, pad, fill=fill)
 

@@ -318,6 +318,8 @@ class VQAv2Data(SplitDataModule):
             bound the language side of a batch.
         predict_split: the split ``predict`` answers (default ``val_split``); it may have questions
             only (``test-dev2015``, ``test2015``), for the official server.
+        pad: where the letterbox pads: ``corner`` (bottom/right) or ``centre`` (both sides evenly, as
+            LLaVA-1.5's ``expand2square``: what a LLaVA projector and LM were trained on).
     """
 
     test_key = "val"
@@ -338,8 +340,11 @@ class VQAv2Data(SplitDataModule):
         strict: bool = False,
         max_questions: int | None = None,
         predict_split: str | None = None,
+        pad: str = "corner",
     ) -> None:
         super().__init__()
+        if pad not in ("corner", "centre"):
+            raise ValueError(f"data.pad={pad!r}: expected 'corner' or 'centre'")
         if (root is None) == (hf_dataset is None):
             raise ValueError("set exactly one of data.root (the official VQAv2 files) and data.hf_dataset")
         if root is not None:
@@ -352,14 +357,14 @@ class VQAv2Data(SplitDataModule):
         self.datasets: dict[str, Dataset] = {}
 
     def transform(self) -> Any:
-        """Letterbox: longer side to ``img_size``, normalise, pad bottom/right (with the mean colour)."""
+        """Letterbox: longer side to ``img_size``, normalise, pad (with the mean colour) at ``pad``."""
         return v2.Compose(
             [
                 v2.PILToTensor(),
                 v2.Resize(size=None, max_size=self.img_size, antialias=True),
                 v2.ToDtype(torch.float32, scale=True),
                 v2.Normalize(self.mean, self.std),
-                PadTo(self.img_size),
+                PadTo(self.img_size, centre=self.hparams.pad == "centre"),
             ]
         )
 

@@ -399,3 +399,14 @@ def test_command_writes_the_set(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert (out / "v2_OpenEnded_mscoco_train2014_questions.json").is_file()
     assert len(list((out / "val2014").glob("COCO_val2014_*.png"))) == 1
     assert run(["data", "vqa", "--out", str(tmp_path / "cli2"), "--train", "2", "--val", "1"]) == 0
+
+
+@pytest.mark.parametrize(("pad", "content_rows"), [("corner", range(0, 32)), ("centre", range(16, 48))])
+def test_letterbox_pads_at_the_corner_or_evenly(vqa_root: Path, pad: str, content_rows: range) -> None:
+    """A 2:1 image at 64 px is 64 x 32; LLaVA-1.5 pads it evenly (expand2square), the default bottom/right."""
+    dm = VQAv2Data(root=str(vqa_root), img_size=64, num_workers=0, pad=pad)
+    image = dm.transform()(Image.new("RGB", (40, 20), (250, 250, 250)))
+    filled = [int(r) for r in torch.nonzero(image.abs().sum((0, 2)) > 0).flatten()]
+    assert image.shape == (3, 64, 64) and filled == list(content_rows)
+    with pytest.raises(ValueError, match="data.pad='middle': expected 'corner' or 'centre'"):
+        VQAv2Data(root=str(vqa_root), pad="middle")
