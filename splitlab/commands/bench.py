@@ -142,6 +142,25 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def _interleaved(
+    run_uniform: Callable[[], Any],
+    run_split: Callable[[], Any],
+    warmup: int,
+    iters: int,
+    device: torch.device,
+) -> tuple[float, float]:
+    """Total seconds of ``iters`` calls of each path, after ``warmup`` discarded ones, the two paths
+    alternating so that drifts of a shared machine hit both alike."""
+    for _ in range(warmup):
+        run_uniform()
+        run_split()
+    t_uniform = t_split = 0.0
+    for _ in range(iters):
+        t_uniform += _timed(run_uniform, device)
+        t_split += _timed(run_split, device)
+    return t_uniform, t_split
+
+
 def _host_syncs(fn: Callable[[], Any], device: torch.device) -> int | None:
     """Device-to-host synchronisations of one call (CUDA's sync debug mode counts them; None on CPU)."""
     if device.type != "cuda":
@@ -232,13 +251,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         with torch.inference_mode(), autocast:
             return path(images)
 
-    for _ in range(cfg.warmup):
-        run_uniform()
-        run_split()
-    t_uniform = t_split = 0.0
-    for _ in range(cfg.iters):
-        t_uniform += _timed(run_uniform, device)
-        t_split += _timed(run_split, device)
+    t_uniform, t_split = _interleaved(run_uniform, run_split, cfg.warmup, cfg.iters, device)
     with autocast:
         parts = breakdown(path, images, cfg.iters, device)
         with torch.inference_mode():
@@ -280,20 +293,16 @@ def bench_vqa(
     path: SplitPath, images: Tensor, cfg: BenchConfig, autocast: Any, device: torch.device
 ) -> dict[str, Any]:
     """ViT + projector + LM prefill, uniform against SPLIT (`splitlab.commands.bench_lm`)."""
-    from splitlab.commands.bench_lm import time_prefill, vqa_paths
+    from splitlab.commands.bench_lm import vqa_paths
 
     with torch.inference_mode(), autocast:
         uniform, split, described = vqa_paths(path, images, cfg.lm)
-        for _ in range(cfg.warmup):
-            uniform()
-            split()
-        sync = lambda: _sync(device)  # noqa: E731
-        t_uniform = time_prefill(uniform, cfg.iters, sync)
-        t_split = time_prefill(split, cfg.iters, sync)
+        t_uniform, t_split = _interleaved(uniform, split, cfg.warmup, cfg.iters, device)
+    images_done = cfg.batch_size * cfg.iters
     return {
         **described,
-        "images_per_second_uniform": cfg.batch_size / t_uniform,
-        "images_per_second_split": cfg.batch_size / t_split,
+        "images_per_second_uniform": images_done / t_uniform,
+        "images_per_second_split": images_done / t_split,
         "speedup": t_uniform / t_split,
     }
 

@@ -11,15 +11,13 @@ same per generated token on both paths, once the prompt is in the cache.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from splitlab.heads.vqa import VisualProjector, build_language_model
+from splitlab.heads.vqa import VisualProjector, build_language_model, causal_inputs, position_ids
 
 TEXT_TOKENS = 40  # a question and LLaVA's answer instruction, roughly
 
@@ -33,17 +31,8 @@ def language_model(spec: str, device: torch.device) -> torch.nn.Module:
 
 def prefill(lm: torch.nn.Module, visual: list[Tensor], text: Tensor) -> Tensor:
     """One forward over left-padded prompts ``[visual_i, text]``; the next-token logits of each."""
-    rows = [torch.cat([v, text]) for v in visual]
-    length = max(r.shape[0] for r in rows)
-    inputs = torch.stack([F.pad(r, (0, 0, length - r.shape[0], 0)) for r in rows])
-    mask = torch.stack(
-        [
-            F.pad(torch.ones(r.shape[0], dtype=torch.long, device=r.device), (length - r.shape[0], 0))
-            for r in rows
-        ]
-    )
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return lm(inputs_embeds=inputs, attention_mask=mask, position_ids=positions).logits[:, -1]
+    inputs, mask = causal_inputs([torch.cat([v, text]) for v in visual])
+    return lm(inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids(mask)).logits[:, -1]
 
 
 def vqa_paths(
@@ -69,15 +58,3 @@ def vqa_paths(
         return prefill(lm, list(projector(features).split(layout.seqlens)), text)
 
     return uniform, split, {"lm": spec[:200], "lm_width": width, "text_tokens": TEXT_TOKENS}
-
-
-def time_prefill(lm_path: Callable[[], Any], iters: int, sync: Callable[[], None]) -> float:
-    """Seconds per batch of a path (already warmed up)."""
-    total = 0.0
-    for _ in range(iters):
-        sync()
-        start = time.perf_counter()
-        lm_path()
-        sync()
-        total += time.perf_counter() - start
-    return total / iters

@@ -56,6 +56,26 @@ def token_order(layout: TokenLayout, order: str = "raster", anchor: str = "corne
     return key.argsort(stable=True)
 
 
+def left_pad(rows: Sequence[Tensor], value: float = 0) -> Tensor:
+    """Rows of different lengths (dim 0) stacked, padded on the left: generation continues every
+    row from its last position."""
+    length = max(r.shape[0] for r in rows)
+    return torch.stack(
+        [F.pad(r, (0, 0) * (r.dim() - 1) + (length - r.shape[0], 0), value=value) for r in rows]
+    )
+
+
+def causal_inputs(rows: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """Left-padded ``inputs_embeds`` and their ``attention_mask`` for embedding rows ``(L_i, E)``."""
+    mask = [torch.ones(r.shape[0], dtype=torch.long, device=r.device) for r in rows]
+    return left_pad(rows), left_pad(mask)
+
+
+def position_ids(mask: Tensor) -> Tensor:
+    """Positions counted from each row's first real token, as ``generate`` counts them."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def build_tokenizer(name: str) -> Any:
     """A Hugging Face tokenizer: a ``vocab.json`` word list (a word-level tokenizer, for generated
     data, nothing downloaded) or a hub name / local folder (``AutoTokenizer``)."""
@@ -186,10 +206,10 @@ class LanguageBridge(nn.Module):
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
-    def _answer_ids(self, after: str, answer: str) -> list[int]:
-        """The answer's tokens as the LM writes them after the prompt: encoded in context, then cut
-        off, because SentencePiece tokenizers encode a word alone differently (an extra ``▁``)."""
-        context = self._ids(after)
+    def _answer_ids(self, after: str, context: list[int], answer: str) -> list[int]:
+        """The answer's tokens as the LM writes them after the prompt (``after``, encoded as
+        ``context``): encoded in context, then cut off, because SentencePiece tokenizers encode a
+        word alone differently (an extra ``▁``)."""
         whole = self._ids(f"{after} {answer}")
         if len(whole) > len(context) and whole[: len(context)] == context:
             return whole[len(context) :]
@@ -215,7 +235,9 @@ class LanguageBridge(nn.Module):
                 before = self._ids(self.before.format(question=question))  # the question may come first
                 text = self.after.format(question=question)
                 after = self._ids(text)
-                answer = self._answer_ids(text, answers[i][j]) + [self.eos] if answers is not None else []
+                answer = (
+                    self._answer_ids(text, after, answers[i][j]) + [self.eos] if answers is not None else []
+                )
                 head = torch.tensor(self.bos + before, dtype=torch.long, device=device)
                 tail = torch.tensor(after + answer, dtype=torch.long, device=device)
                 rows.append(torch.cat([embed(head), tokens.to(dtype), embed(tail)]))
@@ -224,16 +246,8 @@ class LanguageBridge(nn.Module):
                     labels[-len(answer) :] = torch.tensor(answer, device=device)
                 targets.append(labels)
                 owner.append(i)
-        length = max(r.shape[0] for r in rows)
-        inputs = torch.stack([F.pad(r, (0, 0, length - r.shape[0], 0)) for r in rows])
-        mask = torch.stack(
-            [
-                F.pad(torch.ones(r.shape[0], dtype=torch.long, device=device), (length - r.shape[0], 0))
-                for r in rows
-            ]
-        )
-        labels = torch.stack([F.pad(t, (length - t.shape[0], 0), value=-100) for t in targets])
-        return inputs, mask, labels, torch.tensor(owner, device=device)
+        inputs, mask = causal_inputs(rows)
+        return inputs, mask, left_pad(targets, value=-100), torch.tensor(owner, device=device)
 
     def per_image_loss(
         self, visual: Sequence[Tensor], questions: Sequence[Sequence[str]], answers: Sequence[Sequence[str]]
@@ -241,8 +255,9 @@ class LanguageBridge(nn.Module):
         """Each image's loss, ``(B,)``: the mean over its questions of the mean teacher-forced NLL of the
         answer tokens (so an image with many questions does not weigh more)."""
         inputs, mask, labels, owner = self.prompts(visual, questions, answers)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.lm(inputs_embeds=inputs, attention_mask=mask, position_ids=positions).logits.float()
+        logits = self.lm(
+            inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids(mask)
+        ).logits.float()
         nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")
         counted = (labels[:, 1:] != -100).float()
         per_question = (nll * counted).sum(1) / counted.sum(1).clamp(min=1)

@@ -16,7 +16,7 @@ from splitlab.rl import BudgetSampler, FractionController, PPOConfig
 from splitlab.tasks.evaluation import PolicyEvaluation, slot
 from splitlab.tasks.state import TaskState
 from splitlab.tasks.training import Stage, StageTraining
-from splitlab.tokenizer import BASELINES, Levels, SplitTokenizer, TokenLayout, baseline_scores, budget_points
+from splitlab.tokenizer import BASELINES, Levels, SplitTokenizer, TokenLayout, budget_points
 
 POLICIES = ("learned", "entropy", "random")
 
@@ -123,12 +123,8 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        # `null` on the command line means "none", as `[]` does
-        self.hparams.eval_budgets, self.hparams.eval_baselines = (
-            list(eval_budgets or []),
-            list(eval_baselines or []),
-        )
-        eval_baselines = self.hparams.eval_baselines
+        self.hparams.eval_budgets = list(eval_budgets or [])  # `null` means none, as `[]` does
+        self.hparams.eval_baselines = eval_baselines = list(eval_baselines or [])
         self.automatic_optimization = False
         if policy not in POLICIES:
             raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
@@ -263,10 +259,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
             )
         fraction = budget if fraction is None else fraction
         generator = torch.Generator(images.device).manual_seed(seed)
-        mean, std = self.normalisation
-        scores, threshold = baseline_scores(
-            policy, images, self.levels, fraction=fraction, generator=generator, mean=mean, std=std
-        )
+        scores, threshold = self.baseline_scores(policy, images, fraction, generator)
         return self.tokenizer(images, self.backbone, mode="scores", scores=scores, threshold=threshold)
 
     def forward_layout(self, layout: TokenLayout) -> Any:
@@ -284,15 +277,6 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         """Task outputs and the layout used, for inference (``seed`` drives the random baseline)."""
         layout = self.layout(images, policy, fraction, seed, budget)
         return self.forward_layout(layout), layout
-
-    @property
-    def normalisation(self) -> tuple[Sequence[float], Sequence[float]]:
-        """``(mean, std)`` the images were normalised with: the data module's, else the backbone's."""
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is not None and hasattr(dm, "mean") and hasattr(dm, "std"):
-            return dm.mean, dm.std
-        cfg = self.backbone.data_config
-        return cfg["mean"], cfg["std"]
 
     # ----------------------------------------------------------------------------- stages
     @property

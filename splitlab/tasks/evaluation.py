@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
 
 from splitlab.metrics import timed
 from splitlab.report import format_table, summary_record, write_summary
+from splitlab.tokenizer import baseline_scores
 
 
 def slot(name: str) -> str:
@@ -22,6 +26,25 @@ def at(budget: float) -> str:
 
 class PolicyEvaluation:
     """Evaluation half of `SplitTask`: the learned layout beside the baselines, summary, predictions."""
+
+    @property
+    def normalisation(self) -> tuple[Sequence[float], Sequence[float]]:
+        """``(mean, std)`` the images were normalised with: the data module's, else the backbone's."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is not None and hasattr(dm, "mean") and hasattr(dm, "std"):
+            return dm.mean, dm.std
+        cfg = self.backbone.data_config
+        return cfg["mean"], cfg["std"]
+
+    def baseline_scores(
+        self, policy: str, images: Tensor, fraction: float, generator: torch.Generator
+    ) -> tuple[list[Tensor], float]:
+        """A baseline's (entropy, random, ...) split scores and cut at ``fraction``, its pixel
+        statistics read in the images' own normalisation."""
+        mean, std = self.normalisation
+        return baseline_scores(
+            policy, images, self.levels, fraction=fraction, generator=generator, mean=mean, std=std
+        )
 
     def policy_names(self) -> list[str]:
         """Rows of the comparison: the learned policy and each baseline, then the same at every

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from splitlab.rl import advantages, ppo_policy_loss
 from splitlab.tasks.budgets import BudgetTraining
-from splitlab.tokenizer import baseline_scores, fraction_of, policy, warm_start_labels
+from splitlab.tokenizer import fraction_of, policy, warm_start_labels
 
 Stage = Literal["dense", "warm_start", "ppo"]
 STAGES = ("dense", "warm_start", "ppo")
@@ -158,16 +158,8 @@ class StageTraining(BudgetTraining):
             layout = self.tokenizer.tokenize(tokens, "scores", scores=uniform, threshold=0.0)
             imitation = None
         elif self.hparams.policy != "learned":  # APT and random, fine-tuned on their own layouts
-            mean, std = self.normalisation
-            scores, cut = baseline_scores(
-                self.hparams.policy,
-                images,
-                self.levels,
-                self.target_fraction,
-                None,
-                self.generator,
-                mean,
-                std,
+            scores, cut = self.baseline_scores(
+                self.hparams.policy, images, self.target_fraction, self.generator
             )
             layout = self.tokenizer.tokenize(tokens, "scores", scores=scores, threshold=cut)
             imitation = None
