@@ -30,6 +30,19 @@ def test_bench_reports_every_key(tmp_path) -> None:
     assert 1.0 < result["ideal_speedup"] < 1.0 / 0.5  # fewer tokens, fewer FLOPs; attention is a part only
 
 
+def test_bench_with_a_language_model_times_the_vqa_path() -> None:
+    """``--lm``: ViT + projector + the LM's prefill, both paths on the same batch (a tiny random Llama)."""
+    lm = '{"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
+    lm += '"num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 50}'
+    cfg = BenchConfig(
+        model="test_vit", img_size=64, batch_size=2, levels=(32, 16), fraction=0.6, warmup=1, iters=1, lm=lm
+    )
+    vqa = run_bench(cfg)["vqa"]
+    assert vqa["lm_width"] == 32 and vqa["text_tokens"] > 0
+    assert vqa["images_per_second_uniform"] > 0 and vqa["images_per_second_split"] > 0
+    assert vqa["speedup"] == pytest.approx(vqa["images_per_second_split"] / vqa["images_per_second_uniform"])
+
+
 def test_bench_command_writes_json(tmp_path, capsys) -> None:
     out = tmp_path / "bench.json"
     args = ["bench", "--model", "test_vit", "--img-size", "64", "--batch-size", "2", "--levels", "32", "16"]
