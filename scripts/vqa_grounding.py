@@ -5,6 +5,7 @@ every 200 steps:
 
     python scripts/vqa_grounding.py lm DATA_ROOT --steps 2400        # ViT -> projector -> tiny Llama
     python scripts/vqa_grounding.py lookup DATA_ROOT --steps 1600    # ViT -> colour-query attention
+    python scripts/vqa_grounding.py lm DATA_ROOT --only "what pattern" --prompt "{question} <image>"
 
 ``lm`` is the twin's model (configs/ci/vqa.yaml sizes); ``lookup`` replaces the language model by the
 simplest reader of "what pattern is inside the <colour> square?": the colour's embedding attends once
@@ -67,6 +68,8 @@ def language_run(args: argparse.Namespace, train: DataLoader, val: DataLoader) -
     params = [*model.parameters(), *lm.parameters(), *projector.parameters()]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.05)
 
+    keys = ("questions", "multiple_choice_answers", "question_types")
+
     def visual(images: torch.Tensor) -> list[torch.Tensor]:
         return list(projector(tokens(images)))
 
@@ -86,6 +89,18 @@ def language_run(args: argparse.Namespace, train: DataLoader, val: DataLoader) -
         return sum(every) / len(every), {k: sum(v) / len(v) for k, v in per.items()}
 
     def step(images: torch.Tensor, targets: list[dict[str, Any]]) -> float:
+        if args.only:  # train on one question type
+            targets = [
+                {
+                    k: [
+                        v
+                        for v, kind in zip(t[k], t["question_types"], strict=True)
+                        if kind in args.only.split(",")
+                    ]
+                    for k in keys
+                }
+                for t in targets
+            ]
         questions = [t["questions"] for t in targets]
         answers = [t["multiple_choice_answers"] for t in targets]
         loss = bridge.per_image_loss(visual(images), questions, answers).mean()
@@ -167,6 +182,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=2, help="ViT block whose tokens are read")
     parser.add_argument("--lm-width", type=int, default=64)
     parser.add_argument("--lm-layers", type=int, default=2)
+    parser.add_argument("--only", help="train on this question type only (e.g. 'what pattern')")
     parser.add_argument("--prompt", default="<image> {question}")
     args = parser.parse_args()
     torch.manual_seed(0)

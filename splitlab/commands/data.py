@@ -44,6 +44,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     vqa.add_argument("--val", type=positive_int, default=80, help="validation images")
     vqa.add_argument("--seed", type=int, default=0)
     vqa.add_argument("--format", choices=("official", "hf"), default="official")
+    vqa.add_argument(
+        "--square",
+        type=float,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help="the squares' side range as fractions of the image side (default 0.125 0.2)",
+    )
+    vqa.add_argument("--shade", type=float, help="pattern contrast: base colour ± shade (default 0.15)")
+    vqa.add_argument(
+        "--patterned",
+        choices=("each", "one"),
+        default="each",
+        help="which squares carry a pattern: each, or only the one asked about (the CI twin's data)",
+    )
+    vqa.add_argument(
+        "--questions-per-scene",
+        type=positive_int,
+        help="the pattern question and N-1 coarse ones (default 3-4: pattern, colour, then 1-2 more)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -65,7 +84,18 @@ def main(args: argparse.Namespace) -> int:
     elif args.kind == "vqa":
         from splitlab.data.vqa_scenes import generate_vqa
 
-        out = generate_vqa(args.out, args.image_size, args.train, args.val, args.seed, args.format)
+        out = generate_vqa(
+            args.out,
+            args.image_size,
+            args.train,
+            args.val,
+            args.seed,
+            args.format,
+            **({} if args.square is None else {"square": tuple(args.square)}),
+            **({} if args.shade is None else {"shade": args.shade}),
+            patterned=args.patterned,
+            questions_per_scene=args.questions_per_scene,
+        )
         print(f"wrote VQAv2-layout ({args.format}) dataset and vocab.json to {out}")
     else:
         from splitlab.data.scenes import generate_ade20k, generate_coco

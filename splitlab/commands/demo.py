@@ -43,7 +43,7 @@ PIPELINES = {
     "classification": ("imagenet.yaml", "classification.yaml", "pretrain.yaml"),
     "coco": ("coco.yaml", "coco.yaml", "pretrain_dense.yaml"),
     "ade20k": ("ade20k.yaml", "ade20k.yaml", "pretrain_dense.yaml"),
-    "vqa": ("vqav2.yaml", "vqa.yaml", "pretrain_dense.yaml"),
+    "vqa": ("vqav2.yaml", "vqa.yaml", "pretrain_vqa.yaml"),
 }
 
 
@@ -68,7 +68,17 @@ def generate_for(task: str, out: Path, seed: int, background: str = "busy") -> N
     elif task == "vqa":
         from splitlab.data import generate_vqa
 
-        generate_vqa(out, image_size=64, train=600, val=100, seed=seed, square=(0.25, 0.32))
+        generate_vqa(
+            out,
+            image_size=64,
+            train=1200,
+            val=150,
+            seed=seed,
+            square=(0.19, 0.25),
+            shade=0.35,
+            patterned="one",
+            questions_per_scene=2,
+        )
     else:
         generate_ade20k(out, train=300, val=80, seed=seed)
     (out / ".complete").write_text("")

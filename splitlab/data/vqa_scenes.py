@@ -5,7 +5,9 @@ solid base colour (red, green, blue, yellow) with an inner 2 px pattern (horizon
 vertical stripes, checks) in a lighter and a darker shade of that colour, both equally far from
 the base. Any 4x4 window of the pattern averages to the base colour, so "what color ..." questions
 are answerable from coarse tokens while "what pattern ..." questions need fine tokens on that
-square.
+square. The CI twin's variant (``patterned="one"``, higher contrast, two questions per scene) keeps
+that property but drops the lookup among patterned squares, which a from-scratch 2-layer LM does
+not learn in a CI budget (docs/vqa.md).
 """
 
 from __future__ import annotations
@@ -73,13 +75,21 @@ def render_vqa_scene(
     size: int = 128,
     max_tries: int = 200,
     square: tuple[float, float] = (1 / 8, 1 / 5),
+    shade: float = SHADE,
+    patterned: str = "each",
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """One scene: a ``uint8`` (size, size, 3) image and its squares.
 
     Squares are ``{"colour", "pattern" (pattern_mask kind), "box": (x0, y0, x1, y1), "inner": box of
     the patterned region}``: 2-3 of them, distinct colours, 2 px apart at least, and laid out so that
-    at least one of `PLACES` ("on the left", ...) names exactly one square.
+    at least one of `PLACES` ("on the left", ...) names exactly one square. ``shade`` is the pattern's
+    contrast (light and dark = base ± shade). ``patterned``: ``each`` square has its own pattern, or
+    only ``one`` has a pattern and the others are plain (``"pattern": None``; see `generate_vqa`).
     """
+    if patterned not in ("each", "one"):
+        raise ValueError(f"patterned={patterned!r}: expected 'each' or 'one'")
+    if not 0 < shade < 0.5:
+        raise ValueError(f"shade={shade}: the pattern's contrast must lie in (0, 0.5)")
     lo, hi = max(int(size * square[0]), 6), max(int(size * square[1]), 6)
     for _ in range(max_tries):
         count = int(rng.integers(2, 4))
@@ -98,14 +108,18 @@ def render_vqa_scene(
         raise RuntimeError(f"image_size={size}: could not lay out the squares; use a larger image_size")
     img = busy_background(rng, size)
     names = list(COLOURS)
-    for square, c in zip(squares, rng.permutation(len(names))[:count], strict=True):
+    chosen = int(rng.integers(count)) if patterned == "one" else None
+    for i, (square, c) in enumerate(zip(squares, rng.permutation(len(names))[:count], strict=True)):
         colour, pattern = names[int(c)], list(PATTERNS)[int(rng.integers(len(PATTERNS)))]
-        base = np.clip(np.array(COLOURS[colour]) + rng.uniform(-0.05, 0.05, 3), SHADE, 1 - SHADE)
+        base = np.clip(np.array(COLOURS[colour]) + rng.uniform(-0.05, 0.05, 3), shade, 1 - shade)
         x0, y0, x1, y1 = square["box"]
         border = max(1, (x1 - x0) // 8)
         inner = (x0 + border, y0 + border, x1 - border, y1 - border)
         img[y0:y1, x0:x1] = base
-        light, dark = base + SHADE, base - SHADE
+        if chosen is not None and i != chosen:
+            square.update(colour=colour, pattern=None, inner=inner)
+            continue
+        light, dark = base + shade, base - shade
         if rng.random() < 0.5:
             light, dark = dark, light
         mask = pattern_mask(pattern, inner[2] - inner[0], DETAIL)[..., None]
@@ -132,13 +146,17 @@ def _places(squares: list[dict[str, Any]]) -> dict[str, int]:
     return found
 
 
-def _questions(rng: np.random.Generator, squares: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
-    """3-4 ``(question, right answer, question_type, answer_type)`` about one scene.
+def _questions(
+    rng: np.random.Generator, squares: list[dict[str, Any]], count: int | None = None
+) -> list[tuple[str, str, str, str]]:
+    """``count`` (default 3-4) ``(question, right answer, question_type, answer_type)`` about one scene.
 
-    Every scene gets a "what pattern" question (fine tokens on one square) and a "what color"
-    question (coarse tokens suffice), then "is there" and/or "how many".
+    Every scene gets a "what pattern" question (fine tokens on one square). By default a "what color"
+    question (coarse tokens suffice) follows, then "is there" and/or "how many"; with ``count``, the
+    pattern question and ``count - 1`` of those three, drawn at random.
     """
-    target = squares[int(rng.integers(len(squares)))]
+    patterned = [s for s in squares if s["pattern"] is not None]
+    target = patterned[int(rng.integers(len(patterned)))]
     out = [
         (
             f"what pattern is inside the {target['colour']} square?",
@@ -160,6 +178,10 @@ def _questions(rng: np.random.Generator, squares: list[dict[str, Any]]) -> list[
         (f"is there a {colour} square?", "yes" if colour in present else "no", "is there", "yes/no"),
         ("how many squares are there?", str(len(squares)), "how many", "number"),
     ]
+    if count is not None:
+        coarse = out[1:] + extra
+        keep = sorted(rng.choice(len(coarse), size=count - 1, replace=False).tolist())
+        return out[:1] + [coarse[i] for i in keep]
     if rng.random() < 0.5:  # three questions: drop one of the two extras
         extra.pop(int(rng.integers(2)))
     return out + extra
@@ -210,6 +232,9 @@ def generate_vqa(
     seed: int = 0,
     fmt: str = "official",
     square: tuple[float, float] = (1 / 8, 1 / 5),
+    shade: float = SHADE,
+    patterned: str = "each",
+    questions_per_scene: int | None = None,
 ) -> Path:
     """Write a synthetic VQAv2 set (see the module docstring) and ``vocab.json``.
 
@@ -217,6 +242,14 @@ def generate_vqa(
         out: output directory.
         image_size: image side in pixels (at least 48, so that three squares fit).
         square: the squares' side range as fractions of ``image_size``.
+        shade: the patterns' contrast (light and dark = base colour ± shade).
+        patterned: ``each`` square has its own pattern, or only ``one`` has a pattern (the one the
+            pattern question asks about) and the others are plain. With ``one``, "what pattern is
+            inside the red square?" still needs fine tokens on that square but no lookup of the
+            named one among patterned squares: the CI twin's from-scratch 2-layer LM learns that
+            read-out in a few hundred steps, not the lookup (docs/vqa.md).
+        questions_per_scene: 1-4: the pattern question and ``questions_per_scene - 1`` coarse
+            ones; default 3-4 (pattern, colour, then "is there" and/or "how many").
         train, val: images in ``train2014`` and ``val2014`` (3-4 questions each).
         seed: random seed (same seed, same files).
         fmt: ``official`` (the VQAv2 JSON files and ``{split}/COCO_{split}_*.png``; PNG so the 2 px
@@ -228,6 +261,14 @@ def generate_vqa(
     """
     if image_size < 48:
         raise ValueError(f"image_size={image_size}: use at least 48 px so that three squares fit")
+    if not 0 < square[0] <= square[1] <= 0.5:
+        raise ValueError(
+            f"square={tuple(square)}: expected 0 < LO <= HI <= 0.5 (sides as fractions of the image)"
+        )
+    if questions_per_scene is not None and not 1 <= questions_per_scene <= 4:
+        raise ValueError(
+            f"questions_per_scene={questions_per_scene}: a scene has 1-4 questions (the pattern one first)"
+        )
     if fmt not in ("official", "hf"):
         raise ValueError(f"format={fmt!r}: expected 'official' or 'hf'")
     out = Path(out)
@@ -240,9 +281,11 @@ def generate_vqa(
         questions, annotations, images = [], [], {}
         for i in range(count):
             image_id = first_id + i  # unique across splits, as COCO's ids are
-            img, squares = render_vqa_scene(rng, image_size, square=square)
+            img, squares = render_vqa_scene(rng, image_size, square=square, shade=shade, patterned=patterned)
             images[image_id] = img
-            for k, (question, answer, question_type, answer_type) in enumerate(_questions(rng, squares)):
+            for k, (question, answer, question_type, answer_type) in enumerate(
+                _questions(rng, squares, questions_per_scene)
+            ):
                 question_id = image_id * 1000 + k  # the official scheme
                 answers = _answers(rng, answer, answer_type)
                 questions.append({"image_id": image_id, "question": question, "question_id": question_id})
@@ -281,6 +324,9 @@ def generate_vqa(
         "question_types": list(QUESTION_TYPES),
         "answer_types": list(ANSWER_TYPES),
         "detail": DETAIL,
+        "shade": shade,
+        "patterned": patterned,
+        "questions_per_scene": questions_per_scene or "3-4",
         "vocab": "vocab.json",
     }
     (out / "splitlab_dataset.json").write_text(json.dumps(meta, indent=2) + "\n")

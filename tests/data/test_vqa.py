@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -135,6 +136,56 @@ def test_pattern_lives_only_in_fine_detail() -> None:
         for i, a in enumerate(boxes):
             for b in boxes[i + 1 :]:
                 assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]  # no overlap
+
+
+def test_one_patterned_square_the_one_asked_about(tmp_path: Path) -> None:
+    """``patterned="one"`` (the CI twin's data): one square carries the pattern, the others are plain,
+    and the pattern question names that square's colour; ``questions_per_scene`` fixes the count."""
+    rng = np.random.default_rng(4)
+    for _ in range(10):
+        img, squares = render_vqa_scene(rng, 64, square=(0.25, 0.32), shade=0.35, patterned="one")
+        spread = []
+        for s in squares:
+            x0, y0, x1, y1 = s["inner"]
+            spread.append(img[y0:y1, x0:x1].astype(np.float64).std(axis=(0, 1)).max())
+        patterned = [s for s in squares if s["pattern"] is not None]
+        assert len(patterned) == 1
+        assert [v > 40 for v in spread] == [s["pattern"] is not None for s in squares]  # 0.35 contrast
+        assert max(v for v, s in zip(spread, squares, strict=True) if s["pattern"] is None) < 1
+    root = generate_vqa(
+        tmp_path / "one",
+        image_size=64,
+        train=6,
+        val=2,
+        seed=1,
+        shade=0.35,
+        patterned="one",
+        questions_per_scene=2,
+    )
+    annotations = json.loads((root / "v2_mscoco_train2014_annotations.json").read_text())["annotations"]
+    questions = json.loads((root / "v2_OpenEnded_mscoco_train2014_questions.json").read_text())["questions"]
+    per_image: dict[int, list[str]] = {}
+    for a in annotations:
+        per_image.setdefault(a["image_id"], []).append(a["question_type"])
+    assert all(len(kinds) == 2 and kinds[0] == "what pattern" for kinds in per_image.values())
+    assert all(kinds[1] in ("what color", "is there", "how many") for kinds in per_image.values())
+    assert all(q["question"].startswith("what pattern is inside the") for q in questions[::2])
+    meta = json.loads((root / "splitlab_dataset.json").read_text())
+    assert (meta["patterned"], meta["shade"], meta["questions_per_scene"]) == ("one", 0.35, 2)
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ({"shade": 0.6}, "shade=0.6"),
+        ({"patterned": "some"}, "patterned='some'"),
+        ({"questions_per_scene": 5}, "questions_per_scene=5"),
+        ({"square": (0.3, 0.2)}, "square=(0.3, 0.2)"),
+    ],
+)
+def test_generator_settings_are_checked(tmp_path: Path, setting: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        generate_vqa(tmp_path / "bad", image_size=64, train=1, val=1, **setting)
 
 
 def test_same_seed_same_files(tmp_path: Path) -> None:
@@ -399,6 +450,10 @@ def test_command_writes_the_set(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert (out / "v2_OpenEnded_mscoco_train2014_questions.json").is_file()
     assert len(list((out / "val2014").glob("COCO_val2014_*.png"))) == 1
     assert run(["data", "vqa", "--out", str(tmp_path / "cli2"), "--train", "2", "--val", "1"]) == 0
+    twin = ["--patterned", "one", "--shade", "0.35", "--questions-per-scene", "2", "--square", "0.19", "0.25"]
+    assert run(["data", "vqa", "--out", str(tmp_path / "cli3"), "--train", "2", "--val", "1", *twin]) == 0
+    meta = json.loads((tmp_path / "cli3" / "splitlab_dataset.json").read_text())
+    assert (meta["patterned"], meta["shade"], meta["questions_per_scene"]) == ("one", 0.35, 2)
 
 
 @pytest.mark.parametrize(("pad", "content_rows"), [("corner", range(0, 32)), ("centre", range(16, 48))])

@@ -2,9 +2,10 @@
 dense stage, on generated scenes in the official VQAv2 layout, then validate, test and predict from the
 checkpoint (predict writes the official results file).
 
-The tiny twin learns the pipeline, not the questions: trained from scratch on 600 images in a few CPU
-minutes it answers from the question's priors (docs/vqa.md has the numbers), so this test asserts the
-contracts (budget met, every accuracy reported, results format), not an accuracy ordering."""
+The twin's data (`generate_for`): one patterned square per scene, the pattern question plus one coarse
+question per image, so its from-scratch 2-layer LM learns to read the pattern within the dense stage
+(docs/vqa.md). Measured over seeds 0-2 (docs/vqa.md): learned - random +0.098 / +0.081 / +0.096 overall,
++0.18 / +0.19 / +0.21 on the pattern question; learned - uniform +0.004 / -0.008 / -0.011."""
 
 from __future__ import annotations
 
@@ -33,15 +34,31 @@ def test_the_vqa_twin_meets_its_budget_and_reports_every_accuracy(vqa_run, capsy
     with capsys.disabled():
         print(
             "\nvqa CI: "
-            + ", ".join(f"{k} {v['metric']:.3f} @ {v['token_fraction_mean']:.3f}" for k, v in rows.items())
+            + ", ".join(
+                f"{k} {v['metric']:.3f} (pattern {v['vqa_q_what_pattern']:.3f}) @ {v['token_fraction_mean']:.3f}"
+                for k, v in rows.items()
+            )
         )
     assert record["task"] == "vqa" and record["metric"] == "vqa_accuracy"
     assert set(rows) == {"learned", "uniform", "random", "entropy"}
-    assert abs(rows["learned"]["token_fraction_mean"] - record["target_fraction"]) <= 0.05
+    assert abs(rows["learned"]["token_fraction_mean"] - record["target_fraction"]) <= 0.03
     for row in rows.values():
         assert {"vqa_yes_no", "vqa_number", "vqa_other", *KINDS} <= set(row)
         assert row["metric"] == pytest.approx(row["vqa_accuracy"])
     assert rows["uniform"]["token_fraction_mean"] == 1.0
+
+
+def test_the_learned_policy_reads_the_fine_detail_at_half_the_tokens(vqa_run) -> None:
+    """The fine-detail question drives the ordering: the learned policy puts fine tokens on the
+    patterned square, random and entropy (busy background) often leave it coarse."""
+    rows = vqa_run[1]["policies"]
+    learned, uniform, random, entropy = (rows[k] for k in ("learned", "uniform", "random", "entropy"))
+    assert abs(random["token_fraction_mean"] - learned["token_fraction_mean"]) <= 0.05  # matched fraction
+    pattern = "vqa_q_what_pattern"
+    assert learned[pattern] >= random[pattern] + 0.10
+    assert learned[pattern] >= entropy[pattern] + 0.20
+    assert learned["metric"] >= random["metric"] + 0.05
+    assert learned["metric"] >= uniform["metric"] - 0.05
 
 
 @pytest.mark.parametrize("command", ["validate", "test", "predict"])
