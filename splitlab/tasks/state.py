@@ -67,15 +67,34 @@ class TaskState:
                 f"set model.init_args.num_classes={classes} (or check data.init_args.root)"
             )
 
+    def rebuilt_keys(self) -> set[str]:
+        """State-dict keys the task rebuilds identically whenever it is built (e.g. a frozen language
+        model loaded by name): checkpoints leave them out and loading fills them back from the model
+        as built. None by default."""
+        return set()
+
+    def _fill_rebuilt(self, state: dict[str, Any], meta: dict[str, Any], source: str) -> None:
+        """Put back into ``state`` the weights a checkpoint left out as rebuilt (``meta["rebuilt"]``)."""
+        left_out = [k for k in meta.get("rebuilt", []) if k not in state]
+        own = self.state_dict()
+        lacking = [k for k in left_out if k not in own]
+        if lacking:
+            raise ValueError(
+                f"{source} left out weights this model rebuilds itself ({lacking[:3]}), but this model has "
+                "no such weights: build it with the settings the checkpoint was trained with (e.g. the same lm)"
+            )
+        state.update({k: own[k] for k in left_out})
+
     def load_init_checkpoint(self, path: str) -> None:
         """Start from a splitlab (or plain) state dict: backbone, head and embeddings; the policy
         (decision module, operating points, λ) starts fresh."""
         file = Path(path)
         if not file.is_file():
             raise FileNotFoundError(f"init_checkpoint={path!r}: no such file")
-        state = torch.load(file, map_location="cpu", weights_only=False)
+        saved = torch.load(file, map_location="cpu", weights_only=False)
         policy = ("tokenizer.decision.", "tokenizer.operating_points.", "controller.", "budget_sampler.")
-        state = {k: v for k, v in state.get("state_dict", state).items() if not k.startswith(policy)}
+        state = {k: v for k, v in saved.get("state_dict", saved).items() if not k.startswith(policy)}
+        self._fill_rebuilt(state, saved.get("splitlab", {}), f"init_checkpoint={path!r}")
         missing, unexpected = self.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.startswith(policy)]
         if missing or unexpected:
@@ -89,6 +108,12 @@ class TaskState:
             "stage": self.stage,
             "generators": self._generator_states(),
         }
+        rebuilt = self.rebuilt_keys()
+        if rebuilt:
+            weights = checkpoint.get("state_dict", {})
+            for key in rebuilt:
+                weights.pop(key, None)
+            checkpoint["splitlab"]["rebuilt"] = sorted(rebuilt)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trained = checkpoint.get("state_dict", {}).get("tokenizer.operating_points.budgets")
@@ -104,6 +129,8 @@ class TaskState:
                 "use the checkpoint's budgets, and a target_fraction inside them"
             )
         state = checkpoint.get("splitlab", {})
+        if "state_dict" in checkpoint:
+            self._fill_rebuilt(checkpoint["state_dict"], state, "the checkpoint")
         if "stage" in state:
             self.stage = state["stage"]
         states = state.get("generators", [state["generator"]] if "generator" in state else [])

@@ -100,6 +100,14 @@ class VQATask(SplitTask):
             return [*modules, self.head.bridge.lm]
         return [*modules, *lora_adapters(self.head.bridge.lm)]
 
+    def rebuilt_keys(self) -> set[str]:
+        """A frozen LM loaded by name or folder comes back identical from there, so checkpoints leave
+        its weights out (LLaVA-1.5-7B: 13 GB in each); a trained LM, LoRA adapters and an LM built
+        from a config (random init) are saved."""
+        if self.hparams.train_lm or not isinstance(self.hparams.lm, str):
+            return set()
+        return {f"head.bridge.lm.{k}" for k in self.head.bridge.lm.state_dict() if "lora_" not in k}
+
     def train(self, mode: bool = True) -> VQATask:
         super().train(mode)
         if not self.hparams.train_lm:

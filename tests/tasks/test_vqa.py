@@ -16,9 +16,8 @@ from tests.tasks.test_per_image_loss import TINY
 
 def task_with(tmp_path, **settings) -> VQATask:
     (tmp_path / "vocab.json").write_text(json.dumps(WORDS))
-    return VQATask(
-        lm=LM, tokenizer=str(tmp_path / "vocab.json"), prompt="<image> {question}", **TINY, **settings
-    )
+    settings = {"lm": LM, **settings}
+    return VQATask(tokenizer=str(tmp_path / "vocab.json"), prompt="<image> {question}", **TINY, **settings)
 
 
 def trained(task: VQATask) -> set[int]:
@@ -59,3 +58,43 @@ def test_the_lm_is_frozen_unless_asked(tmp_path) -> None:
     pytest.importorskip("peft")
     with pytest.raises(ValueError, match="not peft.LoraConfig settings"):
         task_with(tmp_path, lora={"rank": 4})
+
+
+def test_a_frozen_lm_loaded_by_name_stays_out_of_checkpoints(tmp_path) -> None:
+    """A frozen LM from a folder (or hub name) is rebuilt from there: checkpoints leave its weights out
+    and loading (resume, validate, init_checkpoint) fills them back; a trained or from-config LM stays."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    settings = {k: v for k, v in LM.items() if k != "model_type"}
+    folder = tmp_path / "lm"
+    AutoModelForCausalLM.from_config(
+        AutoConfig.for_model("llama", vocab_size=len(WORDS), **settings)
+    ).save_pretrained(folder)
+    task = task_with(tmp_path, lm=str(folder))
+    lm_keys = {k for k in task.state_dict() if k.startswith("head.bridge.lm.")}
+    assert lm_keys and task.rebuilt_keys() == lm_keys
+    with torch.no_grad():
+        task.head.projector[0].weight.add_(1.0)  # trained weights must survive the round trip
+    checkpoint = {"state_dict": task.state_dict()}
+    task.on_save_checkpoint(checkpoint)
+    assert not lm_keys & set(checkpoint["state_dict"]) and set(checkpoint["splitlab"]["rebuilt"]) == lm_keys
+    file = tmp_path / "task.ckpt"
+    torch.save(checkpoint, file)
+
+    fresh = task_with(tmp_path, lm=str(folder))
+    loaded = torch.load(file, weights_only=False)
+    fresh.on_load_checkpoint(loaded)
+    fresh.load_state_dict(loaded["state_dict"], strict=True)
+    started = task_with(tmp_path, lm=str(folder), init_checkpoint=str(file))
+    for model in (fresh, started):
+        for key, value in task.state_dict().items():
+            if not key.startswith(("tokenizer.decision.", "tokenizer.operating_points.", "controller.")):
+                assert torch.equal(model.state_dict()[key], value), key
+
+    from_config = task_with(tmp_path)  # random init: its LM weights must be saved
+    assert not from_config.rebuilt_keys()
+    assert not task_with(tmp_path, lm=str(folder), train_lm=True).rebuilt_keys()
+    left_out = {"state_dict": {}, "splitlab": {"rebuilt": ["head.bridge.lm.model.no_such_layer.weight"]}}
+    with pytest.raises(ValueError, match="same lm"):
+        from_config.on_load_checkpoint(left_out)
