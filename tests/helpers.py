@@ -88,8 +88,29 @@ def layout_of(name: str, tokenizer, backbone, images, **kwargs):
     return tokenizer(images, backbone, mode="scores", scores=scores, threshold=threshold)
 
 
-def launch(args: Sequence[str], env: dict[str, str] | None = None, slurm_ranks: int = 0) -> list[str]:
-    """Run ``python -m splitlab <args>`` in subprocesses and return their output (asserting exit 0).
+def slurm_job(job_id: str, **extra: str) -> dict[str, str]:
+    """The environment ``srun`` gives one task of a 2-task, 1-node job (``launch`` adds the rank)."""
+    return {
+        "SLURM_JOB_ID": job_id,
+        "SLURM_JOB_NAME": "splitlab-test",
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_NNODES": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_NODELIST": "localhost",
+        **extra,
+    }
+
+
+def launch(
+    args: Sequence[str],
+    env: dict[str, str] | None = None,
+    slurm_ranks: int = 0,
+    fails: bool = False,
+    timeout: float = 600,
+) -> list[str]:
+    """Run ``python -m splitlab <args>`` in subprocesses and return their output (asserting exit 0, or
+    with ``fails`` a non-zero exit of every process; all within ``timeout`` seconds, so a hang fails).
 
     With ``slurm_ranks`` the ranks are started here, one process each with ``SLURM_PROCID`` set
     (as ``srun`` does); otherwise one process, which Lightning's DDP launcher forks itself. The
@@ -112,9 +133,16 @@ def launch(args: Sequence[str], env: dict[str, str] | None = None, slurm_ranks: 
         )
         for rank_env in ranks
     ]
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    try:
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise AssertionError(
+            f"{len(procs)} process(es) still running after {timeout} s: {[p.poll() for p in procs]}"
+        ) from None
     for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+        assert (p.returncode != 0) if fails else (p.returncode == 0), out[-3000:]
     return outputs
 
 
@@ -157,3 +185,18 @@ class SignalAt(Callback):
             import signal
 
             os.kill(os.getpid(), getattr(signal, self.signal_name))
+
+
+class LostCheckpointWrites(Callback):
+    """The checkpoint disk loses every write, as Lightning's atomic save hides a failed one (an
+    unwritable folder); `VerifiedCheckpointIO` checks without retrying."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        import lightning.fabric.plugins.io.torch_io as torch_io
+
+        from splitlab.callbacks import VerifiedCheckpointIO
+
+        torch_io._atomic_save = lambda checkpoint, path: None
+        io = trainer.strategy.checkpoint_io
+        assert isinstance(io, VerifiedCheckpointIO), type(io)
+        io.retries, io.wait = 0, 0.0

@@ -4,7 +4,7 @@ that keep work from being lost (graceful stop, SLURM requeue, mid-epoch resume, 
 from splitlab.callbacks.cluster import ResumePosition, SlurmRequeue
 from splitlab.callbacks.pictures import TokenMapPictures, draw_token_map
 from splitlab.callbacks.predictions import LayoutWriter
-from splitlab.callbacks.safety import GracefulStop, SkippedSamples, VerifiedCheckpointIO
+from splitlab.callbacks.safety import AgreedCheckpointSave, GracefulStop, SkippedSamples, VerifiedCheckpointIO
 from splitlab.callbacks.schedule import SplitSchedule
 
 __all__ = [
@@ -16,5 +16,6 @@ __all__ = [
     "SplitSchedule",
     "TokenMapPictures",
     "VerifiedCheckpointIO",
+    "AgreedCheckpointSave",
     "draw_token_map",
 ]

@@ -149,6 +149,39 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
         )
 
 
+class AgreedCheckpointSave:
+    """``strategy.save_checkpoint`` that stops every rank alike when the write fails.
+
+    Only rank 0 writes; the other ranks go on to the barrier after the write and, when rank 0 stops,
+    would wait there until the process group times out (30 minutes under NCCL) or fail with a
+    transport error that names nothing. Installed on the strategy, every rank takes part in one
+    broadcast of rank 0's outcome after the write and raises the same clear error: one small
+    collective per checkpoint, none per batch. A class (not a closure) so a spawned strategy pickles.
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+
+    @classmethod
+    def install(cls, strategy: Any) -> None:
+        if not isinstance(strategy.__dict__.get("save_checkpoint"), cls):
+            strategy.save_checkpoint = cls(strategy)
+
+    def __call__(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        error: OSError | None = None
+        try:
+            type(self.strategy).save_checkpoint(
+                self.strategy, checkpoint, filepath, storage_options=storage_options
+            )
+        except OSError as err:
+            error = err
+        problem = self.strategy.broadcast(None if error is None else str(error), src=0)
+        if error is not None:
+            raise error
+        if problem is not None:
+            raise OSError(f"rank 0 stopped: {problem}")
+
+
 class SkippedSamples(Callback):
     """At the end of each training epoch, report the samples the data module skipped (unreadable images,
     annotations that do not fit the settings): skipping keeps a long run alive, the report keeps it honest."""

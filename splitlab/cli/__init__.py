@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from splitlab.callbacks import (
+    AgreedCheckpointSave,
     GracefulStop,
     LayoutWriter,
     ResumePosition,
@@ -130,6 +131,7 @@ class SplitLabCLI(LightningCLI):
         trainer = super().instantiate_trainer(**{**kwargs, "callbacks": given + [cls() for cls in missing]})
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = VerifiedCheckpointIO()
+        AgreedCheckpointSave.install(trainer.strategy)
         return trainer
 
     def before_fit(self) -> None:

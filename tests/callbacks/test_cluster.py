@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers import launch, two_rank_args
+from tests.helpers import launch, slurm_job, two_rank_args
 
 
 def slurm_fit(shapes_root, workdir: Path, probe: Path, extra_callbacks: list[dict], fake_bin: Path) -> None:
@@ -22,16 +22,7 @@ def slurm_fit(shapes_root, workdir: Path, probe: Path, extra_callbacks: list[dic
         *extra_callbacks,
     ]
     args = two_rank_args(shapes_root, workdir / "logs", callbacks, 3, f"--trainer.default_root_dir={workdir}")
-    slurm = {
-        "PATH": os.pathsep.join([str(fake_bin), os.environ["PATH"]]),
-        "SLURM_JOB_ID": "4242",
-        "SLURM_JOB_NAME": "splitlab-test",
-        "SLURM_NTASKS": "2",
-        "SLURM_NTASKS_PER_NODE": "2",
-        "SLURM_NNODES": "1",
-        "SLURM_NODEID": "0",
-        "SLURM_NODELIST": "localhost",
-    }
+    slurm = slurm_job("4242", PATH=os.pathsep.join([str(fake_bin), os.environ["PATH"]]))
     launch(["fit", *args], slurm, slurm_ranks=2)
 
 
