@@ -8,6 +8,7 @@ from splitlab.callbacks.safety import AgreedCheckpointSave, GracefulStop, Skippe
 from splitlab.callbacks.schedule import SplitSchedule
 
 __all__ = [
+    "AgreedCheckpointSave",
     "GracefulStop",
     "LayoutWriter",
     "ResumePosition",
@@ -16,6 +17,5 @@ __all__ = [
     "SplitSchedule",
     "TokenMapPictures",
     "VerifiedCheckpointIO",
-    "AgreedCheckpointSave",
     "draw_token_map",
 ]

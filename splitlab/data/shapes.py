@@ -22,7 +22,7 @@ SPLITS = ("train", "val", "test")
 BACKGROUNDS = ("busy", "flat")
 
 
-def busy_background(rng: np.random.Generator, size: int, kind: str = "busy") -> np.ndarray:
+def draw_background(rng: np.random.Generator, size: int, kind: str = "busy") -> np.ndarray:
     """``busy``: blocky colour noise at several scales plus pixel noise (pixel entropy points away
     from the object). ``flat``: one plain colour per image, so the object is the only busy region
     and pixel entropy is the right cue."""
@@ -60,7 +60,7 @@ def render(
     background: str = "busy",
 ) -> tuple[np.ndarray, tuple[int, int, int, int]]:
     """One image of class ``kind`` and the object's box ``(x0, y0, x1, y1)``."""
-    img = busy_background(rng, size, background)
+    img = draw_background(rng, size, background)
     side = int(rng.integers(object_size[0], object_size[1] + 1))
     x0, y0 = (int(v) for v in rng.integers(0, size - side + 1, size=2))
     dark = rng.random(3) * 0.3

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from splitlab.data.shapes import busy_background, pattern_mask
+from splitlab.data.shapes import draw_background, pattern_mask
 from splitlab.data.vqa import (
     ANSWER_TYPES,
     ANSWERS_PER_QUESTION,
@@ -106,7 +106,7 @@ def render_vqa_scene(
             break
     else:
         raise RuntimeError(f"image_size={size}: could not lay out the squares; use a larger image_size")
-    img = busy_background(rng, size)
+    img = draw_background(rng, size)
     names = list(COLOURS)
     chosen = int(rng.integers(count)) if patterned == "one" else None
     for i, (square, c) in enumerate(zip(squares, rng.permutation(len(names))[:count], strict=True)):

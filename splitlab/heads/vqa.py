@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from splitlab.tokenizer import TokenLayout
 
+TOKEN_ORDERS = ("raster", "layout")
 PROMPT = "USER: <image>\n{question} Answer the question using a single word or phrase. ASSISTANT:"
 IMAGE = "<image>"
 
@@ -41,7 +42,7 @@ def token_order(layout: TokenLayout, order: str = "raster", anchor: str = "corne
     """
     if order == "layout":
         return torch.arange(layout.tokens.shape[0], device=layout.tokens.device)
-    if order != "raster":
+    if order not in TOKEN_ORDERS:
         raise ValueError(f"token_order={order!r}: expected 'raster' or 'layout'")
     boxes = layout.boxes
     if anchor == "corner":
@@ -306,8 +307,7 @@ class VQAHead(nn.Module):
         projector: dict[str, Tensor] | None = None,
     ) -> None:
         super().__init__()
-        token_order_check = ("raster", "layout")
-        if order not in token_order_check:
+        if order not in TOKEN_ORDERS:  # checked when built, not at the first forward
             raise ValueError(f"token_order={order!r}: expected 'raster' or 'layout'")
         self.projector = VisualProjector(vision_dim, bridge.hidden_size)
         if projector:

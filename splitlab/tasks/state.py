@@ -76,6 +76,8 @@ class TaskState:
     def _fill_rebuilt(self, state: dict[str, Any], meta: dict[str, Any], source: str) -> None:
         """Put back into ``state`` the weights a checkpoint left out as rebuilt (``meta["rebuilt"]``)."""
         left_out = [k for k in meta.get("rebuilt", []) if k not in state]
+        if not left_out:
+            return
         own = self.state_dict()
         lacking = [k for k in left_out if k not in own]
         if lacking:

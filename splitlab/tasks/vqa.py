@@ -156,7 +156,7 @@ class VQATask(SplitTask):
         (``vqa_results.json``: ``[{question_id, answer}]``) is written at the end of predict."""
         images, targets = self.split_batch(batch)
         outputs, layout = self(images, policy=self.deployed_policy, seed=batch_idx)
-        answers = self.head.bridge.answer(outputs, [t["questions"] for t in targets])
+        answers = self.finish_outputs(outputs, targets)
         records = super().predict_step(batch, batch_idx, outputs=outputs, layout=layout)
         for record, target, said in zip(records, targets, answers, strict=True):
             record["prediction"] = [

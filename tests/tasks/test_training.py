@@ -147,8 +147,6 @@ def test_unreachable_target_fraction_is_refused(shapes_root, tmp_path) -> None:
 
 
 def test_target_kl_stops_the_policy_epochs_early(shapes_root, tmp_path) -> None:
-    import csv
-
     def ppo_epochs(out, *extra: str) -> set[float]:
         fit(shapes_root, out, *schedule_args(0, 1), "--model.init_args.eval_baselines=[]", *extra)
         rows = csv.DictReader((out / "metrics.csv").open())
