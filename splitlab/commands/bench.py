@@ -99,6 +99,12 @@ def build(cfg: BenchConfig, device: torch.device) -> SplitPath:
         from splitlab.tasks import load_task
 
         task = load_task(cfg.ckpt, map_location="cpu")
+        if task.deployed_policy != "learned":  # bench times the decision module; this run does not deploy it
+            raise ValueError(
+                f"--ckpt {cfg.ckpt}: this run deploys policy {task.deployed_policy!r}, not a learned one, so "
+                "its decision module was never trained; bench the same model at the same budget with "
+                f"--fraction {task.target_fraction:g} (a calibrated layout) instead"
+            )
         task.backbone.attn_backend = cfg.attn_backend
         path = SplitPath(task.tokenizer, task.backbone, task.target_fraction, task.max_tokens)
     else:

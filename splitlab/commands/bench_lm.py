@@ -30,8 +30,11 @@ def language_model(spec: str, device: torch.device) -> torch.nn.Module:
 
 
 def prefill(lm: torch.nn.Module, visual: list[Tensor], text: Tensor) -> Tensor:
-    """One forward over left-padded prompts ``[visual_i, text]``; the next-token logits of each."""
-    inputs, mask = causal_inputs([torch.cat([v, text]) for v in visual])
+    """One forward over left-padded prompts ``[visual_i, text]``; the next-token logits of each.
+
+    Visual tokens take the text embeddings' dtype: a hub LM loads in its own (LLaVA-1.5: float16)
+    while the projector may run in float32."""
+    inputs, mask = causal_inputs([torch.cat([v.to(text.dtype), text]) for v in visual])
     return lm(inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids(mask)).logits[:, -1]
 
 

@@ -51,6 +51,7 @@ def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> 
         raise ValueError(
             f"unknown arguments {bad}: only --data.*, --model.*, --trainer.* overrides are passed on"
         )
+    _check_trained_budgets(config, args.fractions)
     out = Path(args.out) if args.out else run / "curve"
     first, *rest = args.fractions
     argv = [
@@ -65,6 +66,30 @@ def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> 
         *overrides,
     ]
     return argv, out
+
+
+def _check_trained_budgets(config: Path, fractions: Sequence[float]) -> None:
+    """Refuse, before loading anything, fractions the run's policy was not trained for."""
+    import yaml
+
+    settings = (yaml.safe_load(config.read_text()) or {}).get("model", {}).get("init_args", {})
+    budgets, target = settings.get("budgets"), settings.get("target_fraction")
+    if budgets is None:
+        others = target is None or any(abs(f - float(target)) > 1e-6 for f in fractions)
+        if others:
+            raise ValueError(
+                f"--fractions {','.join(f'{f:g}' for f in fractions)}: {config}'s policy was trained for "
+                f"budget {target} only (budgets: null); a curve needs a budget-conditioned run "
+                "(model.init_args.budgets: [lowest, highest])"
+            )
+        return
+    lo, hi = min(budgets), max(budgets)
+    outside = [f for f in fractions if not lo - 1e-6 <= f <= hi + 1e-6]
+    if outside:
+        raise ValueError(
+            f"--fractions: {', '.join(f'{f:g}' for f in outside)} outside the range the policy of {config} "
+            f"was trained for (budgets: [{lo:g}, {hi:g}])"
+        )
 
 
 def main(args: argparse.Namespace, overrides: Sequence[str] = ()) -> int:

@@ -1,7 +1,7 @@
 """DataModules for the real formats, and generators that write small datasets in those formats."""
 
 from splitlab.data.classification import ImageClassificationData
-from splitlab.data.common import ResumableSampler, SkipCorrupt
+from splitlab.data.common import ResumableSampler, SeededIndex, SkipCorrupt
 from splitlab.data.detection import CocoDetectionData
 from splitlab.data.scenes import generate_ade20k, generate_coco
 from splitlab.data.segmentation import ADE20KData
@@ -15,6 +15,7 @@ __all__ = [
     "ADE20KData",
     "CocoDetectionData",
     "ResumableSampler",
+    "SeededIndex",
     "ImageClassificationData",
     "SkipCorrupt",
     "VQAv2Data",

@@ -4,11 +4,14 @@ Face splits, padding."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import random
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -16,13 +19,46 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 
+class SeededIndex(int):
+    """A dataset index that carries the seed of its sample's random augmentation (see `SkipCorrupt`)."""
+
+    seed: int
+
+    def __new__(cls, index: int, seed: int) -> SeededIndex:
+        self = super().__new__(cls, index)
+        self.seed = seed
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:  # to DataLoader workers
+        return SeededIndex, (int(self), self.seed)
+
+
+@contextmanager
+def seeded_augmentation(seed: int) -> Iterator[None]:
+    """Seed torch's, Python's and NumPy's global generators (what timm and torchvision transforms
+    draw from) for one sample, and restore them after, so the caller's streams are untouched."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
 class ResumableSampler(DistributedSampler):
     """Epoch-seeded shuffling, split across DDP ranks, that can resume in the middle of an epoch.
 
     The order is a pure function of ``(seed, epoch)`` (Lightning calls ``set_epoch``), so a
-    resumed run draws exactly what the uninterrupted run would have. `skip` drops the samples a
-    checkpoint already trained on from the next pass (see `splitlab.callbacks.ResumePosition`).
-    Being a ``DistributedSampler``, Lightning leaves it in place under DDP instead of wrapping it.
+    resumed run draws exactly what the uninterrupted run would have. So do the augmentations: each
+    index carries a seed that is a function of ``(seed, epoch, index)`` (`SeededIndex`), which the
+    dataset wrapper uses for that sample alone, whatever the DataLoader's workers or the global
+    generators did before (a resume re-seeds those). `skip` drops the samples a checkpoint already
+    trained on from the next pass (see `splitlab.callbacks.ResumePosition`). Being a
+    ``DistributedSampler``, Lightning leaves it in place under DDP instead of wrapping it.
     """
 
     def __init__(self, dataset: Any, seed: int = 0, shuffle: bool = True) -> None:
@@ -40,7 +76,8 @@ class ResumableSampler(DistributedSampler):
     def __iter__(self) -> Iterator[int]:
         indices = list(super().__iter__())
         skip, self._skip = self._skip, 0
-        return iter(indices[skip:])
+        seeds = np.random.SeedSequence([self.seed, self.epoch]).generate_state(len(self.dataset), np.uint64)
+        return iter(SeededIndex(i, int(seeds[i] >> np.uint64(1))) for i in indices[skip:])
 
 
 class BadSample(ValueError):
@@ -82,6 +119,9 @@ class SkipCorrupt(Dataset):
         for attempt in range(self.max_skips + 1):
             i = (index + attempt) % len(self.dataset)
             try:
+                if isinstance(index, SeededIndex):
+                    with seeded_augmentation(index.seed + attempt):
+                        return self.dataset[i]
                 return self.dataset[i]
             except (OSError, SyntaxError, BadSample) as err:  # PIL's errors for unreadable images, bad labels
                 if self.strict:

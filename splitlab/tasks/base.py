@@ -144,6 +144,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         self.configure_metrics()
         self._generator: torch.Generator | None = None
         self._pending_generator_state: Tensor | None = None
+        self._rebuilt_weights_loaded = False  # see TaskState.saved_as_rebuilt
         if init_checkpoint:
             self.load_init_checkpoint(init_checkpoint)
 
@@ -172,6 +173,14 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         )
         self.tokenizer.operating_points.check(self.target_fraction)
         for budget in hp.eval_budgets:
+            if hp.budgets is None and abs(budget - self.target_fraction) > 1e-6:
+                # worded from the settings: when target_fraction overrides a checkpoint's, the
+                # policy's own budget is not known here (on_load_checkpoint names it)
+                raise ValueError(
+                    f"eval_budgets={budget:g}: a policy trained for one budget (budgets: null) is "
+                    "evaluated at its target_fraction only; train a budget-conditioned policy "
+                    "(model.init_args.budgets: [lowest, highest]) to serve others"
+                )
             self.tokenizer.operating_points.check(budget, "eval_budgets")
         self.max_tokens = self._cap(hp.max_fraction)
         self.head = self.configure_head()
@@ -250,8 +259,9 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         seed: int = 0,
         budget: float | None = None,
     ) -> TokenLayout:
-        """A layout for ``images``: the learned policy at ``budget`` (default ``target_fraction``; the
-        hard cap applies) or a baseline at ``fraction`` (default: the budget)."""
+        """A layout for ``images``: the learned policy at ``budget`` (default ``target_fraction``) or a
+        baseline at ``fraction`` (default: the budget). The hard cap applies to every policy but the
+        uniform grid (the reference), so a deployed baseline holds it too and comparisons share it."""
         budget = self.target_fraction if budget is None else budget
         if policy == "learned":
             return self.tokenizer(
@@ -260,7 +270,10 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         fraction = budget if fraction is None else fraction
         generator = torch.Generator(images.device).manual_seed(seed)
         scores, threshold = self.baseline_scores(policy, images, fraction, generator)
-        return self.tokenizer(images, self.backbone, mode="scores", scores=scores, threshold=threshold)
+        cap = None if policy == "uniform" else self.max_tokens
+        return self.tokenizer(
+            images, self.backbone, mode="scores", scores=scores, threshold=threshold, max_tokens=cap
+        )
 
     def forward_layout(self, layout: TokenLayout) -> Any:
         """Task outputs of a layout: the packed backbone (with the blocks the head needs), then the head."""

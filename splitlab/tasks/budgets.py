@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 
+from splitlab.data import SeededIndex
 from splitlab.tokenizer import calibrate_threshold, fraction_of
 
 
@@ -57,8 +58,9 @@ class BudgetTraining:
         order = torch.randperm(
             len(dataset), generator=torch.Generator().manual_seed(self.hparams.sampling_seed)
         )
-        sample = DataLoader(
-            Subset(dataset, order[: min(count, len(dataset))].tolist()),
+        chosen = order[: min(count, len(dataset))].tolist()
+        sample = DataLoader(  # the same images with the same augmentation every time, also after a resume
+            Subset(dataset, [SeededIndex(i, self.hparams.sampling_seed * 1_000_003 + i) for i in chosen]),
             batch_size=loader.batch_size or 1,
             num_workers=loader.num_workers,
             collate_fn=loader.collate_fn,

@@ -73,8 +73,16 @@ class TaskState:
         as built. None by default."""
         return set()
 
+    def saved_as_rebuilt(self) -> set[str]:
+        """The `rebuilt_keys` checkpoints may leave out: none once weights for them came from a
+        checkpoint (e.g. an LM fine-tuned in an earlier stage), which the source cannot rebuild."""
+        return set() if self._rebuilt_weights_loaded else self.rebuilt_keys()
+
     def _fill_rebuilt(self, state: dict[str, Any], meta: dict[str, Any], source: str) -> None:
-        """Put back into ``state`` the weights a checkpoint left out as rebuilt (``meta["rebuilt"]``)."""
+        """Put back into ``state`` the weights a checkpoint left out as rebuilt (``meta["rebuilt"]``),
+        and note when it carried such weights itself (then they are saved from now on)."""
+        if not self._rebuilt_weights_loaded and self.rebuilt_keys() & set(state):
+            self._rebuilt_weights_loaded = True
         left_out = [k for k in meta.get("rebuilt", []) if k not in state]
         if not left_out:
             return
@@ -110,7 +118,7 @@ class TaskState:
             "stage": self.stage,
             "generators": self._generator_states(),
         }
-        rebuilt = self.rebuilt_keys()
+        rebuilt = self.saved_as_rebuilt()
         if rebuilt:
             weights = checkpoint.get("state_dict", {})
             for key in rebuilt:

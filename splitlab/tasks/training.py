@@ -9,7 +9,9 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.fsdp import FullyShardedDataParallel
 
+from splitlab.distributed import block_parameter_ids, clip_grad_norm
 from splitlab.rl import advantages, ppo_policy_loss
 from splitlab.tasks.budgets import BudgetTraining
 from splitlab.tokenizer import fraction_of, policy, warm_start_labels
@@ -107,7 +109,8 @@ class StageTraining(BudgetTraining):
         return self.hparams.policy_lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
     def backward_synced(self, loss: Tensor, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """``manual_backward``, then one coalesced all-reduce (mean) of the optimizers' gradients under DDP.
+        """``manual_backward``, then one coalesced all-reduce (mean) of the optimizers' gradients under
+        DDP (under FSDP, of those outside the sharded blocks: FSDP reduce-scatters the blocks' own).
 
         DDP's reducer needs every trainable parameter to receive a gradient in every backward
         (or ``find_unused_parameters``, a graph walk per step). Here the used set depends on the
@@ -117,20 +120,46 @@ class StageTraining(BudgetTraining):
         every rank applies the same update. In PPO only the small policy is communicated.
         """
         model = self.trainer.model if self._trainer is not None else None
-        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            with model.no_sync():
+                self.manual_backward(loss)
+            sharded: set[int] = set()
+        elif isinstance(model, FullyShardedDataParallel):
+            self.manual_backward(loss)
+            sharded = block_parameter_ids(self)
+        else:
             self.manual_backward(loss)
             return
-        with model.no_sync():
-            self.manual_backward(loss)
         params = [
-            p for opt in optimizers for group in opt.param_groups for p in group["params"] if p.requires_grad
+            p
+            for opt in optimizers
+            for group in opt.param_groups
+            for p in group["params"]
+            if p.requires_grad and id(p) not in sharded
         ]
+        if not params:
+            return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch._utils._flatten_dense_tensors(grads)
         torch.distributed.all_reduce(flat)
         flat /= torch.distributed.get_world_size()
         for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
             p.grad = g
+
+    def clip_norm(self, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
+        """Clip an optimizer's gradients to ``max_norm`` (Lightning's clipping, or, under FSDP where
+        Lightning cannot clip by norm, one that counts the sharded blocks' gradients over ranks)."""
+        model = self.trainer.model if self._trainer is not None else None
+        if not isinstance(model, FullyShardedDataParallel):
+            self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        clip_grad_norm(
+            params,
+            max_norm,
+            block_parameter_ids(self),
+            lambda t: self.trainer.strategy.reduce(t, reduce_op="sum"),
+        )
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
         images, targets = self.split_batch(batch)
@@ -184,9 +213,7 @@ class StageTraining(BudgetTraining):
         task_opt.zero_grad()
         policy_opt.zero_grad()
         self.backward_synced(loss, [task_opt, policy_opt])
-        self.clip_gradients(
-            task_opt, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm"
-        )
+        self.clip_norm(task_opt, self.hparams.grad_clip)
         task_opt.step()
         if imitation is not None:
             policy_opt.step()
@@ -268,9 +295,7 @@ class StageTraining(BudgetTraining):
                 break
             policy_opt.zero_grad()
             self.backward_synced(loss, [policy_opt])
-            self.clip_gradients(
-                policy_opt, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm"
-            )
+            self.clip_norm(policy_opt, cfg.max_grad_norm)
             policy_opt.step()
             epochs_run += 1
         self.controller.update(rollouts.fraction.mean(), point)

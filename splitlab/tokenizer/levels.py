@@ -54,6 +54,11 @@ class Levels:
             if img_size[0] % coarse or img_size[1] % coarse:
                 break
             depth += 1
+        if depth == 1:
+            raise ValueError(
+                f"image size {img_size[0]}x{img_size[1]} is not divisible by {2 * patch_size} (two patches "
+                f"of {patch_size}), so no quadtree fits: use an image size divisible by {2 * patch_size}"
+            )
         return cls(tuple(patch_size * 2 ** (depth - 1 - k) for k in range(depth)))
 
     @property

@@ -48,6 +48,11 @@ class SplitTokenizer(nn.Module):
     ) -> None:
         super().__init__()
         self.levels = Levels.build(levels)
+        if self.levels.num < 2:  # the walk handles one level (the uniform grid), a policy does not
+            raise ValueError(
+                f"levels={self.levels.sizes}: SPLIT needs at least two patch sizes (a patch and its "
+                "four children) to decide anything, e.g. levels=(64, 32, 16)"
+            )
         for b in budgets:
             self.levels.check_fraction(b, "budgets")
         self.embed = MultiScalePatchEmbed(embed_dim, self.levels)

@@ -43,6 +43,18 @@ def test_bench_with_a_language_model_times_the_vqa_path() -> None:
     assert vqa["speedup"] == pytest.approx(vqa["images_per_second_split"] / vqa["images_per_second_uniform"])
 
 
+def test_the_prefill_takes_the_language_models_dtype() -> None:
+    """A hub LM loads in its own dtype (LLaVA-1.5: float16); float32 visual tokens must not break it."""
+    from splitlab.commands.bench_lm import language_model, prefill
+
+    lm = '{"model_type": "llama", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, '
+    lm += '"num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 20}'
+    half = language_model(lm, torch.device("cpu")).to(torch.bfloat16)
+    text = half.get_input_embeddings()(torch.arange(5))
+    logits = prefill(half, [torch.randn(3, 16), torch.randn(7, 16)], text)
+    assert logits.shape == (2, 20) and logits.dtype == torch.bfloat16 and logits.isfinite().all()
+
+
 def test_bench_command_writes_json(tmp_path, capsys) -> None:
     out = tmp_path / "bench.json"
     args = ["bench", "--model", "test_vit", "--img-size", "64", "--batch-size", "2", "--levels", "32", "16"]
@@ -69,6 +81,17 @@ def test_bench_from_a_checkpoint(shapes_root, tmp_path) -> None:
     assert result["config"]["levels"] == [32, 16, 8]
     assert result["token_fraction"] == pytest.approx(result["tokens_split_mean"] / result["tokens_uniform"])
     assert (result["ideal_speedup"] > 1.0) == (result["token_fraction"] < 1.0)
+
+    apt = tmp_path / "apt"  # a run that trains APT: its decision module never trained, bench refuses it
+    fit_args = [
+        *schedule_args(1, 0),
+        "--model.init_args.eval_baselines=[]",
+        "--model.init_args.policy=entropy",
+        "--model.init_args.budgets=null",  # a fixed policy reads no budget
+    ]
+    lightning_main(["fit", *tiny_args(shapes_root, apt, *fit_args)])
+    with pytest.raises(ValueError, match="deploys policy 'entropy'.*--fraction 0.5"):
+        run_bench(BenchConfig(ckpt=str(apt / "checkpoints" / "last.ckpt"), fraction=None))
 
 
 @pytest.mark.parametrize(

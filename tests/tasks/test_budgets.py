@@ -64,7 +64,10 @@ def test_the_budget_given_at_validate_takes_effect(conditioned, shapes_root, tmp
 def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path) -> None:
     ckpt = conditioned / "checkpoints" / "last.ckpt"
     capped = summary_of("test", shapes_root, ckpt, tmp_path, "--model.init_args.max_fraction=0.3")
-    assert capped["policies"]["learned"]["token_fraction_max"] <= 0.3
+    rows = capped["policies"]
+    for policy in ("learned", "random", "entropy"):  # a deployed baseline holds the cap too
+        assert rows[policy]["token_fraction_max"] <= 0.3, policy
+    assert rows["uniform"]["token_fraction_mean"] == 1.0  # the reference is never capped
     # `null` means "none" for the evaluation lists, as `[]` does
     alone = summary_of(
         "validate",
@@ -85,6 +88,22 @@ def test_an_unconditioned_policy_refuses_another_budget(shapes_root, tmp_path) -
         summary_of(
             "validate", shapes_root, ckpt, tmp_path / "v", *single, "--model.init_args.target_fraction=0.3"
         )
+    # an extra evaluation budget is refused without naming a wrong trained budget (the overridden 0.4)
+    with pytest.raises(
+        ValueError, match=r"eval_budgets=0.3: a policy trained for one budget \(budgets: null\)"
+    ):
+        summary_of(
+            "validate",
+            shapes_root,
+            ckpt,
+            tmp_path / "w",
+            *single,
+            "--model.init_args.target_fraction=0.4",
+            "--model.init_args.eval_budgets=[0.3]",
+        )
+    config = next((tmp_path / "run").rglob("config.yaml"))
+    with pytest.raises(ValueError, match=r"policy was trained for budget 0.5 only \(budgets: null\)"):
+        run(["curve", str(config.parent), "--ckpt", str(ckpt), "--fractions", "0.3,0.5"])
 
 
 def test_a_resumed_fit_refuses_changed_training_settings(conditioned, shapes_root, tmp_path) -> None:
@@ -135,6 +154,11 @@ def test_curve_of_a_run(conditioned, shapes_root, tmp_path) -> None:
     low, high = (p["policies"]["learned"]["token_fraction_mean"] for p in record["points"])
     assert low < high
     assert (out / "curve.png").stat().st_size > 0
+
+
+def test_curve_refuses_budgets_outside_the_trained_range(conditioned) -> None:
+    with pytest.raises(ValueError, match=r"--fractions: 0.2 outside .* \(budgets: \[0.3, 0.7\]\)"):
+        run(["curve", str(conditioned), "--fractions", "0.2,0.5"])
 
 
 @pytest.mark.parametrize(

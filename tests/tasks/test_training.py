@@ -83,11 +83,18 @@ def test_ppo_changes_only_the_policy(shapes_root, tmp_path) -> None:
     assert not torch.equal(start["controller.steps"], end["controller.steps"])
 
 
-@pytest.mark.parametrize("resume_epoch", [0, 1, 2], ids=["inside-warm-start", "stage-boundary", "inside-ppo"])
-def test_resume_matches_the_uninterrupted_run(shapes_root, tmp_path, resume_epoch) -> None:
-    full = fit(shapes_root, tmp_path / "full", *schedule_args(2, 2))
+@pytest.mark.parametrize(
+    ("resume_epoch", "augment"),
+    [(0, False), (1, False), (2, False), (0, True)],
+    ids=["inside-warm-start", "stage-boundary", "inside-ppo", "augmented"],
+)
+def test_resume_matches_the_uninterrupted_run(shapes_root, tmp_path, resume_epoch, augment) -> None:
+    """Weights, λ and stage as if never stopped; with augmentation on too (each sample's random crop
+    and flip are seeded by (seed, epoch, index), not by generators a resume re-seeds)."""
+    args = [*schedule_args(2, 2), f"--data.init_args.augment={str(augment).lower()}"]
+    full = fit(shapes_root, tmp_path / "full", *args)
     ckpt = next((tmp_path / "full" / "checkpoints").glob(f"epoch={resume_epoch}-*.ckpt"))
-    resumed = fit(shapes_root, tmp_path / "resumed", *schedule_args(2, 2), f"--ckpt_path={ckpt}")
+    resumed = fit(shapes_root, tmp_path / "resumed", *args, f"--ckpt_path={ckpt}")
     a, b = full.model.state_dict(), resumed.model.state_dict()
     assert a.keys() == b.keys()
     mismatched = [k for k in a if not torch.allclose(a[k].float(), b[k].float(), atol=1e-6)]

@@ -92,6 +92,27 @@ def test_a_frozen_lm_loaded_by_name_stays_out_of_checkpoints(tmp_path) -> None:
             if not key.startswith(("tokenizer.decision.", "tokenizer.operating_points.", "controller.")):
                 assert torch.equal(model.state_dict()[key], value), key
 
+    # An LM fine-tuned in an earlier stage (train_lm) and then frozen: the folder cannot rebuild it,
+    # so its weights come from init_checkpoint and are saved from then on (resume keeps them).
+    tuned = task_with(tmp_path, lm=str(folder), train_lm=True)
+    with torch.no_grad():
+        tuned.head.bridge.lm.get_input_embeddings().weight.mul_(2.0)
+    tuned_file = tmp_path / "tuned.ckpt"
+    torch.save({"state_dict": tuned.state_dict()}, tuned_file)
+    frozen = task_with(tmp_path, lm=str(folder), init_checkpoint=str(tuned_file))
+    again = {"state_dict": frozen.state_dict()}
+    frozen.on_save_checkpoint(again)
+    assert lm_keys <= set(again["state_dict"]) and not again["splitlab"].get("rebuilt")
+    resumed = task_with(tmp_path, lm=str(folder))
+    resumed.on_load_checkpoint(again)
+    resumed.load_state_dict(again["state_dict"], strict=True)
+    for model in (frozen, resumed):
+        assert torch.equal(
+            model.head.bridge.lm.get_input_embeddings().weight,
+            tuned.head.bridge.lm.get_input_embeddings().weight,
+        )
+    assert resumed.saved_as_rebuilt() == set()
+
     from_config = task_with(tmp_path)  # random init: its LM weights must be saved
     assert not from_config.rebuilt_keys()
     assert not task_with(tmp_path, lm=str(folder), train_lm=True).rebuilt_keys()

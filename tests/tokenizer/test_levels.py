@@ -17,6 +17,16 @@ def test_default_levels_fit_the_image() -> None:
     assert Levels.default(16, (256, 256)).sizes == (64, 32, 16)
 
 
+def test_one_level_is_refused_by_name() -> None:
+    """A single level leaves nothing to decide (the tokenizer would index an empty logit list)."""
+    from splitlab.tokenizer import SplitTokenizer
+
+    with pytest.raises(ValueError, match=r"levels=\(16,\): SPLIT needs at least two patch sizes"):
+        SplitTokenizer(32, Levels.build((16,)))
+    with pytest.raises(ValueError, match="image size 208x208 is not divisible by 32"):
+        Levels.default(16, (208, 208))  # 13 patches a side: no coarse level divides it
+
+
 @pytest.mark.parametrize("sizes", [(64, 30, 16), (64, 16), (16, 32)])
 def test_levels_must_halve(sizes) -> None:
     with pytest.raises(ValueError, match="levels=.*half"):
