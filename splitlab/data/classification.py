@@ -134,7 +134,22 @@ class ImageClassificationData(SplitDataModule):
                 )
             self.datasets["val"] = val
         if stage in ("test", "predict") and "test" not in self.datasets:
+            if stage == "test":
+                self._check_labelled(hp.test_split)
             self.datasets["test"] = self._split(hp.test_split, training=False) or self.datasets["val"]
+
+    def _check_labelled(self, name: str) -> None:
+        """Refuse to test on a split without labels (ImageNet-1k's ``test``: every label -1) before
+        any work, instead of a cross-entropy error about target -1 mid-run."""
+        hp = self.hparams
+        if hp.root is not None or name not in self.hf_splits():
+            return
+        lowest = min(self.hf_splits()[name][hp.label_column], default=0)
+        if lowest < 0:
+            raise ValueError(
+                f"data.test_split={name!r} of {hp.hf_dataset!r} has no labels ({hp.label_column} = {lowest}): "
+                "test on a labelled split, e.g. --data.init_args.test_split=validation (predict needs none)"
+            )
 
     test_key = "test"  # setup falls back to the validation split when there is no test folder
 

@@ -93,11 +93,9 @@ class CocoDetection(Dataset):
         image_id = self.ids[index]
         info = self.coco.imgs[image_id]
         image = Image.open(self.images / info["file_name"]).convert("RGB")
-        anns = [
-            a
-            for a in self.coco.imgToAnns.get(image_id, [])
-            if not a.get("_splitlab_drop") and not a.get("iscrowd", 0)
-        ]
+        # crowd regions come along, flagged: the loss leaves them out, COCO evaluation ignores
+        # detections on them (`splitlab.tasks.detection.without_crowd`, `coco_truth`)
+        anns = [a for a in self.coco.imgToAnns.get(image_id, []) if not a.get("_splitlab_drop")]
         boxes = torch.tensor(
             [
                 [a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2], a["bbox"][1] + a["bbox"][3]]
@@ -108,6 +106,10 @@ class CocoDetection(Dataset):
         target: dict[str, Any] = {
             "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(image.height, image.width)),
             "labels": torch.tensor([self.categories[a["category_id"]] for a in anns], dtype=torch.int64),
+            "iscrowd": torch.tensor([int(bool(a.get("iscrowd", 0))) for a in anns], dtype=torch.int64),
+            "area": torch.tensor(
+                [float(a.get("area", a["bbox"][2] * a["bbox"][3])) for a in anns], dtype=torch.float32
+            ),
         }
         if self.masks:
             masks = [torch.from_numpy(self.coco.annToMask(a)) for a in anns]
@@ -128,6 +130,12 @@ def collate(
     return torch.stack([b[0] for b in batch]), [b[1] for b in batch]
 
 
+def _per_box_fields(inputs: Any) -> tuple[torch.Tensor, ...]:
+    """What `SanitizeBoundingBoxes` drops with a degenerate box (masks go by their type)."""
+    target = inputs[1]
+    return tuple(target[k] for k in ("labels", "iscrowd", "area") if k in target)
+
+
 class _Letterbox(v2.Compose):
     """Resize the longer side to ``size``, pad bottom/right to a square, drop degenerate boxes."""
 
@@ -139,7 +147,7 @@ class _Letterbox(v2.Compose):
             v2.Normalize(mean, std),
             PadTo(size),
             v2.ClampBoundingBoxes(),
-            v2.SanitizeBoundingBoxes(min_size=1.0),
+            v2.SanitizeBoundingBoxes(min_size=1.0, labels_getter=_per_box_fields),
         ]
         super().__init__(steps)
         self.size = size

@@ -92,6 +92,12 @@ class SimpleFeaturePyramid(nn.Module):
             raise ValueError(f"pyramid_indices={chosen}: give 1 or {len(scales)} blocks")
         if len({i % depth for i in chosen}) != len(chosen):
             raise ValueError(f"pyramid_indices={chosen}: each pyramid level needs its own block")
+        resolved = [i % depth for i in chosen]
+        if resolved != sorted(resolved):  # the backbone hands block outputs over in block order
+            raise ValueError(
+                f"pyramid_indices={chosen}: list the blocks shallow to deep (blocks {resolved}), finest "
+                f"level first, e.g. {sorted(resolved)}"
+            )
         return cls(backbone.embed_dim, out_channels, len(chosen), scales, [i % depth for i in chosen])
 
     def forward_packed(self, features: PackedFeatures) -> OrderedDict[str, Tensor]:

@@ -260,8 +260,9 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         budget: float | None = None,
     ) -> TokenLayout:
         """A layout for ``images``: the learned policy at ``budget`` (default ``target_fraction``) or a
-        baseline at ``fraction`` (default: the budget). The hard cap applies to every policy but the
-        uniform grid (the reference), so a deployed baseline holds it too and comparisons share it."""
+        baseline at ``fraction`` (default: the budget). The hard cap binds the learned policy and
+        whichever policy the run deploys (APT or random trained in the pipeline); a baseline row of
+        the comparison stays uncapped, so that it is compared at the matched mean fraction."""
         budget = self.target_fraction if budget is None else budget
         if policy == "learned":
             return self.tokenizer(
@@ -270,7 +271,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         fraction = budget if fraction is None else fraction
         generator = torch.Generator(images.device).manual_seed(seed)
         scores, threshold = self.baseline_scores(policy, images, fraction, generator)
-        cap = None if policy == "uniform" else self.max_tokens
+        cap = self.max_tokens if policy == self.deployed_policy else None
         return self.tokenizer(
             images, self.backbone, mode="scores", scores=scores, threshold=threshold, max_tokens=cap
         )

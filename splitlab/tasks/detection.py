@@ -34,6 +34,27 @@ def detection_metrics(cell: int | None = None) -> MetricCollection:
     return MetricCollection(metrics, compute_groups=False)
 
 
+PER_BOX = ("boxes", "labels", "masks", "iscrowd", "area")
+
+
+def without_crowd(target: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The instances a detector learns from: COCO's crowd regions (``iscrowd``) are not instances."""
+    if "iscrowd" not in target:
+        return target
+    keep = target["iscrowd"] == 0
+    return {k: v[keep] if k in PER_BOX else v for k, v in target.items()}
+
+
+def coco_truth(target: dict[str, Tensor], scale: float = 1.0) -> dict[str, Tensor]:
+    """A target as COCO evaluation reads it: boxes in the original image's pixels, and crowd regions
+    flagged with their annotated area, so that a detection on a crowd is ignored, not a false
+    positive, and small / medium / large go by the annotation's area, as in the official numbers."""
+    truth = {"boxes": target["boxes"].float() / scale, "labels": target["labels"]}
+    if "iscrowd" in target:
+        truth.update(iscrowd=target["iscrowd"], area=target["area"].float())
+    return truth
+
+
 class DetectionTask(DenseTask):
     """Detection: simple feature pyramid + torchvision's RPN and RoI heads (`splitlab.heads.DetectionHead`).
 
@@ -89,7 +110,8 @@ class DetectionTask(DenseTask):
         # measures the layout, not the sampling noise.
         base = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator, device=self.generator.device))
         seeds = [base + 7919 * int(t.get("image_id", torch.tensor(i))) for i, t in enumerate(targets)]
-        return self.head.per_image_loss(outputs, targets, seeds, reference=self.stage == "ppo")
+        instances = [without_crowd(t) for t in targets]
+        return self.head.per_image_loss(outputs, instances, seeds, reference=self.stage == "ppo")
 
     def build_metrics(self) -> MetricCollection:
         return detection_metrics(self.levels.finest)
@@ -111,7 +133,7 @@ class DetectionTask(DenseTask):
                     "labels": det["labels"],
                 }
             )
-            truth.append({"boxes": tgt["boxes"].float() / scale, "labels": tgt["labels"]})
+            truth.append(coco_truth(tgt, scale))
         metrics["map"].update(preds, truth)
         if "coverage" in metrics:  # where the fine tokens go: on the objects (masks, else boxes)?
             size = tuple(h * self.levels.finest for h in layout.grid_size)

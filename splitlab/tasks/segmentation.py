@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
@@ -53,6 +53,28 @@ class SegmentationTask(DenseTask):
         if outside:
             raise ValueError(f"background_classes {outside} are not classes of num_classes={hp.num_classes}")
         return SegmentationHead(self.build_pyramid(), hp.num_classes, hp.decode_head, hp.auxiliary_head)
+
+    def check_data(self, datamodule: Any) -> None:
+        """Also: one ``ignore_index`` for data and model (else padding and unlabelled pixels are
+        trained and scored as a class), and, when training, at least 2 images per BatchNorm step."""
+        super().check_data(datamodule)
+        data_hp = getattr(datamodule, "hparams", {})
+        theirs, mine = data_hp.get("ignore_index"), self.hparams.ignore_index
+        if theirs is not None and int(theirs) != int(mine):
+            raise ValueError(
+                f"data.init_args.ignore_index={theirs} but model.init_args.ignore_index={mine}: the data marks "
+                "padding and unlabelled pixels with its value, the loss and metrics skip the model's; set both alike"
+            )
+        batch = getattr(datamodule, "batch_size", data_hp.get("batch_size"))
+        trainer = self.trainer if self._trainer is not None else None
+        fitting = trainer is not None and trainer.state.fn == "fit"
+        has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.head.modules())
+        if fitting and has_bn and batch is not None and int(batch) < 2 and trainer.world_size < 2:
+            raise ValueError(
+                f"data.init_args.batch_size={batch}: the decode head's BatchNorm needs at least 2 images per "
+                "training step (UPerHead's 1x1 pooling branch has one value per image); use batch_size >= 2, "
+                "or several GPUs with trainer.sync_batchnorm=true"
+            )
 
     def per_sample_loss(self, outputs: dict[str, Tensor], targets: Tensor) -> Tensor:
         return self.head.per_image_loss(outputs, targets, self.hparams.ignore_index, self.hparams.aux_weight)

@@ -40,3 +40,21 @@ def test_hf_dataset_from_a_local_path(tmp_path) -> None:
     assert len(dm.datasets["val"]) == 4 and labels.dtype == torch.int64
     with pytest.raises(ValueError, match="no column \\['img'\\]"):
         ImageClassificationData(hf_dataset=str(path), image_column="img", num_workers=0).setup("fit")
+
+
+def test_testing_on_an_unlabelled_split_is_refused(tmp_path) -> None:
+    """ImageNet-1k's ``test`` split has label -1 everywhere: refused by name before any work."""
+    import datasets
+
+    from splitlab.data import ImageClassificationData, generate_shapes
+
+    path = generate_shapes(tmp_path / "hf", train=2, val=1, test=1, fmt="hf")
+    splits = datasets.load_from_disk(str(path))
+    splits["test"] = splits["test"].map(lambda row: {"label": -1})
+    splits.save_to_disk(str(tmp_path / "unlabelled"))
+    dm = ImageClassificationData(
+        hf_dataset=str(tmp_path / "unlabelled"), val_split="validation", num_workers=0
+    )
+    with pytest.raises(ValueError, match=r"data.test_split='test' .* has no labels \(label = -1\)"):
+        dm.setup("test")
+    dm.setup("predict")  # predicting needs no labels

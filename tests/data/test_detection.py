@@ -40,3 +40,28 @@ def test_bad_boxes_are_dropped_with_a_counted_warning(tmp_path) -> None:
     with pytest.raises(ValueError, match="malformed COCO annotations"):
         path.write_text(json.dumps({"images": [{"id": 1}], "annotations": [{"image_id": 1}]}))
         CocoDetection(root / "val2017", path, _Letterbox(64, (0.5,) * 3, (0.5,) * 3, False), masks=False)
+
+
+def test_crowd_regions_come_flagged_and_stay_aligned(tmp_path) -> None:
+    """A crowd annotation is kept with ``iscrowd`` and its annotated ``area`` (for evaluation), and
+    every per-box field stays aligned when the letterbox drops a degenerate box."""
+    from splitlab.data import generate_coco
+    from splitlab.data.detection import CocoDetection, _Letterbox
+
+    root = generate_coco(tmp_path / "coco", image_size=64, train=2, val=2)
+    path = root / "annotations" / "instances_val2017.json"
+    doc = json.loads(path.read_text())
+    first = [a for a in doc["annotations"] if a["image_id"] == doc["images"][0]["id"]]
+    crowd = dict(first[0], id=9001, iscrowd=1, area=123.0, bbox=[2, 2, 20, 20])
+    crowd["segmentation"] = [[2, 2, 22, 2, 22, 22, 2, 22]]
+    degenerate = dict(first[0], id=9002, bbox=[30, 30, 0.5, 0.5], area=0.25)  # dropped by the letterbox
+    degenerate["segmentation"] = [[30, 30, 30.5, 30, 30.5, 30.5]]
+    doc["annotations"] += [crowd, degenerate]
+    path.write_text(json.dumps(doc))
+    ds = CocoDetection(root / "val2017", path, _Letterbox(64, (0.5,) * 3, (0.5,) * 3, False), masks=True)
+    _, target = ds[0]
+    n = target["boxes"].shape[0]
+    assert n == len(first) + 1  # the degenerate box is gone, the crowd stays
+    assert all(target[k].shape[0] == n for k in ("labels", "masks", "iscrowd", "area"))
+    assert target["iscrowd"].tolist() == [0] * len(first) + [1]
+    assert target["area"][-1].item() == 123.0

@@ -56,3 +56,21 @@ def test_pyramid_strides_and_refusals() -> None:
     with pytest.raises(ValueError, match="image size 120x120 gives a 15x15 patch grid"):
         check_pyramid_grid((120, 120), 8, pyramid_scales(8))
     check_pyramid_grid((128, 128), 8, pyramid_scales(8))
+
+
+@pytest.mark.parametrize(
+    ("indices", "message"),
+    [
+        ([3, 2, 1, 0], r"list the blocks shallow to deep \(blocks \[3, 2, 1, 0\]\), finest level first"),
+        ([-1, 0, 1, 2], r"list the blocks shallow to deep \(blocks \[3, 0, 1, 2\]\)"),
+        ([0, 1, 1, 3], "each pyramid level needs its own block"),
+        ([0, 1, 2, 9], r"block\(s\) \[9\] out of range"),
+    ],
+)
+def test_pyramid_indices_refusals(indices, message) -> None:
+    """The backbone returns block outputs in block order: any other order would feed a level the
+    wrong block, so it is refused by name (negative indices count from the end)."""
+    backbone = PackedViT("test_vit", img_size=64, patch_size=8, depth=4)
+    with pytest.raises(ValueError, match=message):
+        SimpleFeaturePyramid.for_backbone(backbone, 16, indices)
+    assert SimpleFeaturePyramid.for_backbone(backbone, 16, [0, 1, -2, -1]).indices == [0, 1, 2, 3]

@@ -262,6 +262,24 @@ def test_a_mask_of_another_size_stops_before_training(ade_root, tmp_path, capsys
     fails(capsys, ade_args(root, tmp_path / "logs"), name, "differs from its image")
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "--data.init_args.ignore_index=0",
+            "data.init_args.ignore_index=0 but model.init_args.ignore_index=255",
+        ),
+        ("--data.init_args.batch_size=1", "data.init_args.batch_size=1: the decode head's BatchNorm needs"),
+    ],
+    ids=["ignore-index", "batch-of-one"],
+)
+def test_segmentation_settings_that_cannot_work_stop_before_training(
+    ade_root, tmp_path, capsys, setting, message
+) -> None:
+    fails(capsys, ade_args(ade_root, tmp_path / "logs", setting), message)
+    assert untrained(tmp_path / "logs")
+
+
 def test_a_late_bad_ade_label_is_skipped_and_counted(ade_root, tmp_path, recwarn) -> None:
     root = tmp_path / "ade"
     shutil.copytree(ade_root, root)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from splitlab.cli import lightning_main
 from splitlab.commands import run
@@ -65,9 +66,19 @@ def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path) -
     ckpt = conditioned / "checkpoints" / "last.ckpt"
     capped = summary_of("test", shapes_root, ckpt, tmp_path, "--model.init_args.max_fraction=0.3")
     rows = capped["policies"]
-    for policy in ("learned", "random", "entropy"):  # a deployed baseline holds the cap too
-        assert rows[policy]["token_fraction_max"] <= 0.3, policy
-    assert rows["uniform"]["token_fraction_mean"] == 1.0  # the reference is never capped
+    assert rows["learned"]["token_fraction_max"] <= 0.3
+    assert rows["uniform"]["token_fraction_mean"] == 1.0
+    # a comparison row is not capped: it meets the matched mean fraction, single images above the cap
+    from splitlab.tasks import load_task
+
+    task = load_task(ckpt)
+    task.max_tokens = task._cap(0.3)
+    images = torch.randn(32, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = task.layout(images, "random", fraction=0.3)
+        deployed = task.layout(images)
+    assert abs(float(base.fraction.mean()) - 0.3) <= 0.03 < float(base.fraction.max()) - 0.3
+    assert float(deployed.fraction.max()) <= 0.3
     # `null` means "none" for the evaluation lists, as `[]` does
     alone = summary_of(
         "validate",
@@ -78,6 +89,19 @@ def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path) -
         "--model.init_args.eval_baselines=null",
     )
     assert set(alone["policies"]) == {"learned"}
+
+
+def test_the_hard_cap_binds_a_deployed_baseline(shapes_root, tmp_path) -> None:
+    """APT trained in the pipeline is the deployed policy: the cap holds for it as for SPLIT."""
+    fixed = ["--model.init_args.policy=entropy", "--model.init_args.budgets=null"]
+    fit(shapes_root, tmp_path / "apt", *schedule_args(1, 0), *fixed)
+    ckpt = tmp_path / "apt" / "checkpoints" / "last.ckpt"
+    free = summary_of("validate", shapes_root, ckpt, tmp_path / "free", *fixed)
+    capped = summary_of(
+        "validate", shapes_root, ckpt, tmp_path / "cap", *fixed, "--model.init_args.max_fraction=0.4"
+    )
+    assert free["policies"]["entropy"]["token_fraction_max"] > 0.4  # the cap has something to bind
+    assert capped["policies"]["entropy"]["token_fraction_max"] <= 0.4
 
 
 def test_an_unconditioned_policy_refuses_another_budget(shapes_root, tmp_path) -> None:

@@ -35,14 +35,16 @@ def _hand_made_detections():
     return targets, preds
 
 
-def _cocoeval(targets, preds) -> list[float]:
+def _cocoeval(targets, preds, crowd=()) -> list[float]:
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
     images, anns, dets = [], [], []
     for img_id, (tg, pr) in enumerate(zip(targets, preds, strict=True)):
         images.append({"id": img_id, "height": 256, "width": 256})
-        for (x1, y1, x2, y2), c in zip(tg["boxes"].tolist(), tg["labels"].tolist(), strict=True):
+        for j, ((x1, y1, x2, y2), c) in enumerate(
+            zip(tg["boxes"].tolist(), tg["labels"].tolist(), strict=True)
+        ):
             anns.append(
                 {
                     "id": len(anns) + 1,
@@ -50,7 +52,7 @@ def _cocoeval(targets, preds) -> list[float]:
                     "category_id": c,
                     "bbox": [x1, y1, x2 - x1, y2 - y1],
                     "area": (x2 - x1) * (y2 - y1),
-                    "iscrowd": 0,
+                    "iscrowd": int((img_id, j) in crowd),
                 }
             )
         for (x1, y1, x2, y2), c, s in zip(
@@ -86,6 +88,27 @@ def test_detection_map_equals_cocoeval() -> None:
     for key, index in (("map", 0), ("map_50", 1), ("map_75", 2)):
         assert ours[key].item() == pytest.approx(stats[index], abs=1e-6), key
     assert 0 < ours["map"].item() < 1
+
+
+def test_detections_on_a_crowd_are_ignored_as_cocoeval_does() -> None:
+    """Crowd regions flagged in the targets (as the COCO data gives them): mAP equals pycocotools'
+    with iscrowd=1; counting the crowd as an instance, or dropping it, gives other numbers."""
+    from splitlab.tasks.detection import coco_truth, detection_metrics, without_crowd
+
+    targets, preds = _hand_made_detections()
+    crowd = {(0, 1), (1, 1)}  # the second box of the first two images is a crowd region
+    for img, tg in enumerate(targets):
+        tg["iscrowd"] = torch.tensor([int((img, j) in crowd) for j in range(len(tg["labels"]))])
+        tg["area"] = (tg["boxes"][:, 2] - tg["boxes"][:, 0]) * (tg["boxes"][:, 3] - tg["boxes"][:, 1])
+    metric = detection_metrics()["map"]
+    metric.update(preds, [coco_truth(t) for t in targets])
+    ours = metric.compute()["map"].item()
+    assert ours == pytest.approx(_cocoeval(targets, preds, crowd)[0], abs=1e-6)
+    assert ours != pytest.approx(_cocoeval(targets, preds)[0], abs=1e-3)
+    dropped = [without_crowd(t) for t in targets]
+    assert [len(t["labels"]) for t in dropped] == [2, 1, 1, 0] and not any(
+        t["iscrowd"].any() for t in dropped
+    )
 
 
 @pytest.mark.parametrize("detector", ["faster_rcnn", "mask_rcnn"])
