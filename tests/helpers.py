@@ -49,8 +49,8 @@ def fit(root, log_dir, *extra: str):
     return lightning_main(["fit", *tiny_args(root, log_dir, *extra)])
 
 
-def schedule_args(warm: int, rl: int, dense: int = 0) -> list[str]:
-    """Override the trainer's callbacks: this schedule, pictures, and a checkpoint every epoch."""
+def schedule_args(warm: int, rl: int, dense: int = 0, also: Sequence[dict] = ()) -> list[str]:
+    """Override the trainer's callbacks: this schedule, pictures, a checkpoint every epoch (and ``also``)."""
     callbacks = [
         {
             "class_path": "splitlab.callbacks.SplitSchedule",
@@ -61,8 +61,19 @@ def schedule_args(warm: int, rl: int, dense: int = 0) -> list[str]:
             "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
             "init_args": {"save_last": True, "save_top_k": -1},
         },
+        *also,
     ]
     return [f"--trainer.max_epochs={dense + warm + rl}", f"--trainer.callbacks={json.dumps(callbacks)}"]
+
+
+def probe(out) -> dict:
+    """A `RankProbe` callback entry (it also counts the batches run in this process)."""
+    return {"class_path": "tests.helpers.RankProbe", "init_args": {"out": str(out)}}
+
+
+def batches_run(cli) -> int:
+    """Training batches this process ran (the `RankProbe` among ``cli``'s callbacks)."""
+    return next(c.batches for c in cli.trainer.callbacks if isinstance(c, RankProbe))
 
 
 def two_rank_args(root, log_dir, callbacks: list[dict], max_epochs: int, *extra: str) -> list[str]:

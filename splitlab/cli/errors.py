@@ -60,5 +60,10 @@ def reporting_errors(run: Callable[[], Any]) -> Any:
         message = str(cause).strip() or type(cause).__name__
         if isinstance(cause, KeyError) and cause.args:
             message = str(cause.args[0])
+        elif isinstance(cause, FileExistsError | NotADirectoryError) and cause.filename:
+            message = (
+                f"{cause.filename}: a file stands where the run needs a folder ({cause.strerror}); move it, "
+                "or choose another folder (trainer.logger save_dir, trainer.default_root_dir)"
+            )
         print(f"splitlab: error: {message}", file=sys.stderr)
         sys.exit(2)

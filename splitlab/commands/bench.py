@@ -83,6 +83,7 @@ class SplitPath:
     backbone: PackedViT
     budget: float | None = None
     max_tokens: int | None = None
+    normalisation: tuple[Any, Any] | None = None  # a checkpoint's data mean / std (else the backbone's)
 
     def layout(self, images: Tensor) -> Any:
         return self.tokenizer(
@@ -106,7 +107,11 @@ def build(cfg: BenchConfig, device: torch.device) -> SplitPath:
                 f"--fraction {task.target_fraction:g} (a calibrated layout) instead"
             )
         task.backbone.attn_backend = cfg.attn_backend
-        path = SplitPath(task.tokenizer, task.backbone, task.target_fraction, task.max_tokens)
+        data = torch.load(cfg.ckpt, map_location="cpu", weights_only=False, mmap=True).get(
+            "datamodule_hyper_parameters", {}
+        )
+        normalisation = (data["mean"], data["std"]) if "mean" in data and "std" in data else None
+        path = SplitPath(task.tokenizer, task.backbone, task.target_fraction, task.max_tokens, normalisation)
     else:
         kwargs: dict[str, Any] = {"img_size": cfg.img_size} if cfg.img_size else {}
         if cfg.patch_size:  # e.g. EVA-02 converted to /16, as the dense recipes use it
@@ -233,8 +238,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     if cfg.img_size and cfg.ckpt and tuple(size) != (cfg.img_size, cfg.img_size):
         size = (cfg.img_size, cfg.img_size)
     tokenizer.levels.check_image(size)
-    mean, std = backbone.data_config["mean"], backbone.data_config["std"]
-    if cfg.images:
+    mean, std = path.normalisation or (backbone.data_config["mean"], backbone.data_config["std"])
+    if cfg.images:  # normalised as the checkpoint's data were, so its calibrated cuts hold
         images = _load_images(cfg.images, cfg.batch_size, size[0], mean, std).to(device)
     else:
         images = torch.randn(cfg.batch_size, 3, *size, device=device)

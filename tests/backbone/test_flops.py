@@ -1,4 +1,4 @@
-"""`splitlab bench`: FLOP counting, the measured keys, and clear refusals (no timing asserted)."""
+"""Backbone FLOP counting (what `splitlab bench` calls the ideal speed-up): by hand and against torch's counter."""
 
 from __future__ import annotations
 

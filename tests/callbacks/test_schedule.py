@@ -1,4 +1,4 @@
-"""Two-stage training end to end on tiny generated data: CLI, stages, freezing, resume, summary."""
+"""`SplitSchedule`: which stage each epoch is in, and the log line at each change."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Two-stage training end to end on tiny generated data: CLI, stages, freezing, resume, summary."""
+"""`splitlab data shapes`: the generator's command line writes the ImageFolder layout."""
 
 from __future__ import annotations
 

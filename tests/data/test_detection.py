@@ -1,4 +1,4 @@
-"""Dense tasks: the feature pyramid, EVA-02, evaluation against pycocotools and mmseg, bad input."""
+"""COCO data: missing images named, bad boxes dropped and counted, crowd regions flagged and aligned."""
 
 from __future__ import annotations
 

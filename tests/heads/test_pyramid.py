@@ -1,4 +1,4 @@
-"""Dense tasks: the feature pyramid, EVA-02, evaluation against pycocotools and mmseg, bad input."""
+"""The simple feature pyramid on packed features: uniform equivalence, coarse cells, strides and refusals."""
 
 from __future__ import annotations
 

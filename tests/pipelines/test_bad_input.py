@@ -367,7 +367,11 @@ def test_a_checkpoint_of_another_task(shapes_root, trained, tmp_path, capsys) ->
 
 def test_an_unwritable_log_folder(shapes_root, tmp_path, capsys) -> None:
     (tmp_path / "blocked").write_text("a file where the run folder should be")
-    fails(capsys, fit_args(shapes_root, tmp_path / "blocked"), "blocked")
+    fails(
+        capsys,
+        fit_args(shapes_root, tmp_path / "blocked"),
+        f"{tmp_path / 'blocked'}: a file stands where the run needs a folder (File exists)",
+    )
 
 
 def test_a_checkpoint_that_cannot_be_written_stops_the_run(
@@ -428,11 +432,16 @@ def test_sigterm_leaves_a_checkpoint_and_last_resumes_the_unversioned_run(
     assert exit_.value.code == 128 + 15
     run = tmp_path / "run" / "version_0"
     assert (run / "checkpoints" / "interrupted.ckpt").is_file()
+    before = list(csv.DictReader((run / "metrics.csv").open()))
     main(["fit", *args, f"--trainer.callbacks={json.dumps([schedule, checkpoint])}", "--ckpt_path=last"])
     assert not (tmp_path / "run" / "version_1").exists()  # the same run continued
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     epochs = {int(r["epoch"]) for r in rows if r.get("epoch")}
-    assert epochs == {0, 1, 2}  # the history before the stop survived the resume
+    assert epochs == {0, 1, 2}
+    # the history before the stop survived as it was, and epoch 0 was not trained again
+    assert all(all(r.get(k, "") == v for k, v in b.items()) for r, b in zip(rows, before, strict=False))
+    epoch0 = [r for r in rows if r.get("epoch") == "0"]
+    assert before and len(epoch0) == len([b for b in before if b.get("epoch") == "0"])
     state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
     assert state["epoch"] == 2 and state["splitlab"]["stage"] == "ppo"
 
@@ -444,7 +453,7 @@ COMMANDS = [
     (["bench", "--iters", "0"], "argument --iters: 0 is not a positive integer"),
     (["bench", "--fraction", "0"], "argument --fraction: 0 is not a token fraction in (0, 1]"),
     (["bench", "--device", "cuda"], "--device cuda: CUDA is not available"),
-    (["bench", "--ckpt", "/no/such.ckpt"], "/no/such.ckpt"),
+    (["bench", "--ckpt", "/no/such.ckpt"], "checkpoint '/no/such.ckpt': no such file"),
     (
         ["bench", "--model", "test_vit", "--img-size", "64", "--images", "/no/such/folder"],
         "--images /no/such/folder",

@@ -68,6 +68,8 @@ def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path) -
     rows = capped["policies"]
     assert rows["learned"]["token_fraction_max"] <= 0.3
     assert rows["uniform"]["token_fraction_mean"] == 1.0
+    for baseline in ("random", "entropy"):  # at the capped policy's realised fraction, not the target 0.5
+        assert rows[baseline]["token_fraction_mean"] < 0.4, baseline
     # a comparison row is not capped: it meets the matched mean fraction, single images above the cap
     from splitlab.tasks import load_task
 

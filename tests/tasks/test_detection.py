@@ -1,4 +1,4 @@
-"""Dense tasks: the feature pyramid, EVA-02, evaluation against pycocotools and mmseg, bad input."""
+"""`DetectionTask`: COCO mAP against pycocotools (crowd regions included), per-image losses of both heads."""
 
 from __future__ import annotations
 

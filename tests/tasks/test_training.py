@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from splitlab.cli import lightning_main
-from tests.helpers import fit, schedule_args, tiny_args
+from tests.helpers import batches_run, fit, probe, schedule_args, tiny_args
 
 
 def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
@@ -17,7 +17,9 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
     assert cli.model.stage == "ppo"
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["task"] == "classification" and summary["metric"] == "top1"
-    assert summary["target_fraction"] == 0.5 and summary["lambda"] >= 0
+    assert summary["target_fraction"] == 0.5
+    assert summary["lambda"] == pytest.approx(cli.model.controller.value_at(0.5))  # the deployed budget's λ
+    assert cli.model.controller.total_steps > 0  # which PPO moved
     assert set(summary["policies"]) == {"learned", "uniform", "random", "entropy"}
     rows = summary["policies"]
     for row in rows.values():
@@ -91,10 +93,14 @@ def test_ppo_changes_only_the_policy(shapes_root, tmp_path) -> None:
 def test_resume_matches_the_uninterrupted_run(shapes_root, tmp_path, resume_epoch, augment) -> None:
     """Weights, λ and stage as if never stopped; with augmentation on too (each sample's random crop
     and flip are seeded by (seed, epoch, index), not by generators a resume re-seeds)."""
-    args = [*schedule_args(2, 2), f"--data.init_args.augment={str(augment).lower()}"]
-    full = fit(shapes_root, tmp_path / "full", *args)
+    args = [f"--data.init_args.augment={str(augment).lower()}"]
+    full = fit(shapes_root, tmp_path / "full", *schedule_args(2, 2), *args)
     ckpt = next((tmp_path / "full" / "checkpoints").glob(f"epoch={resume_epoch}-*.ckpt"))
-    resumed = fit(shapes_root, tmp_path / "resumed", *args, f"--ckpt_path={ckpt}")
+    also = [probe(tmp_path / "probe")]
+    resumed = fit(
+        shapes_root, tmp_path / "resumed", *schedule_args(2, 2, also=also), *args, f"--ckpt_path={ckpt}"
+    )
+    assert batches_run(resumed) == 3 * (3 - resume_epoch)  # it continued: 3 batches an epoch, 4 epochs
     a, b = full.model.state_dict(), resumed.model.state_dict()
     assert a.keys() == b.keys()
     mismatched = [k for k in a if not torch.allclose(a[k].float(), b[k].float(), atol=1e-6)]
@@ -131,7 +137,10 @@ def test_mid_epoch_resume_continues_at_the_next_sample(shapes_root, tmp_path, na
     assert (
         state["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["processed"] == 2
     )  # really mid-epoch
+    args[1] = f"--trainer.callbacks={json.dumps([*callbacks, probe(tmp_path / 'probe')])}"
     resumed = fit(shapes_root, tmp_path / "resumed", *args, f"--ckpt_path={ckpt}")
+    epoch = int(name.split("epoch=")[1].split("-")[0])
+    assert batches_run(resumed) == 12 - (3 * epoch + 2)  # only the batches after the checkpoint
     a, b = full.model.state_dict(), resumed.model.state_dict()
     mismatched = [k for k in a if not torch.allclose(a[k].float(), b[k].float(), atol=1e-6)]
     assert not mismatched, mismatched[:5]
