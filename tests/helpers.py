@@ -184,6 +184,16 @@ class RankProbe(Callback):
         torch.save(state, os.path.join(self.out, f"rank{trainer.global_rank}.pt"))
 
 
+class StartWeights(Callback):
+    """Keeps a copy of the model's weights as training starts (read back from ``cli.trainer.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+
+
 class SignalAt(Callback):
     """Sends a signal (SLURM's requeue signal SIGUSR1 by default) to this process at one batch of one
     epoch, on rank 0 only."""

@@ -84,6 +84,16 @@ def test_validate_test_and_predict_from_the_checkpoint(vqa_run, tmp_path, comman
         ]
         assert sorted(r["question_id"] for r in results) == sorted(q["question_id"] for q in questions)
         assert all(set(r) == {"question_id", "answer"} and isinstance(r["answer"], str) for r in results)
+        # scored against the annotations held back, the written answers are the validation's answers
+        from splitlab.metrics import vqa_score
+
+        path = out / "data" / "v2_mscoco_val2014_annotations.json"
+        humans = {
+            a["question_id"]: [h["answer"] for h in a["answers"]]
+            for a in json.loads(path.read_text())["annotations"]
+        }
+        score = sum(vqa_score(r["answer"], humans[r["question_id"]]) for r in results) / len(results)
+        assert score == pytest.approx(record["policies"]["learned"]["metric"], abs=1e-4)
     else:
         again = json.loads((tmp_path / "summary.json").read_text())
         assert again["stage"] == command

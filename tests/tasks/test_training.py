@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from splitlab.cli import lightning_main
-from tests.helpers import batches_run, fit, probe, schedule_args, tiny_args
+from tests.helpers import StartWeights, batches_run, fit, probe, schedule_args, tiny_args
 
 
 def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
@@ -177,7 +177,7 @@ def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_
     cli = fit(
         shapes_root,
         tmp_path,
-        *schedule_args(1, 1),
+        *schedule_args(1, 1, also=[{"class_path": "tests.helpers.StartWeights"}]),
         "--model.init_args.policy=entropy",
         "--model.init_args.budgets=null",
     )
@@ -185,11 +185,15 @@ def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_
     assert summary["trained_policy"] == "entropy"
     assert set(summary["policies"]) == {"entropy", "uniform", "random"}  # the trained row, then baselines
     assert summary["policies"]["entropy"]["token_fraction_mean"] == pytest.approx(0.5, abs=0.05)
-    start = torch.load(next((tmp_path / "checkpoints").glob("epoch=0-*.ckpt")), weights_only=False)[
+    start = next(c.weights for c in cli.trainer.callbacks if isinstance(c, StartWeights))
+    warmed = torch.load(next((tmp_path / "checkpoints").glob("epoch=0-*.ckpt")), weights_only=False)[
         "state_dict"
     ]
     end = cli.model.state_dict()
+    backbone = [k for k in start if k.startswith("backbone.model.blocks.")]
     policy = [k for k in start if k.startswith("tokenizer.decision.")]
-    assert all(torch.equal(start[k], end[k]) for k in policy)  # no decision module was trained
+    assert backbone and policy
+    assert any(not torch.equal(start[k], warmed[k]) for k in backbone)  # the warm start fine-tuned it
+    assert all(torch.equal(start[k], end[k]) for k in policy)  # no decision module was ever trained
     with pytest.raises(ValueError, match="budgets=\\[0.3, 0.7\\] needs policy='learned'"):
         fit(shapes_root, tmp_path / "bad", "--model.init_args.policy=entropy")
