@@ -49,12 +49,12 @@ class BlockFSDPStrategy(FSDPStrategy):
 
         if not any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
             in_blocks = {id(m) for b in model.modules() if isinstance(b, BLOCKS) for m in b.modules()}
-            inside = block_parameter_ids(model)
-            self.kwargs["ignored_states"] = [p for p in model.parameters() if id(p) not in inside]
-            for module in model.modules():  # FSDP moves only what it manages: the rest goes here
-                if id(module) not in in_blocks:
-                    for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-                        tensor.data = tensor.data.to(self.root_device)
+            outside = [m for m in model.modules() if id(m) not in in_blocks]
+            for module in outside:  # FSDP moves only what it manages: the rest goes here
+                for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+                    tensor.data = tensor.data.to(self.root_device)
+            owned = {id(p): p for m in outside for p in m.parameters(recurse=False)}  # tied ones once
+            self.kwargs["ignored_states"] = list(owned.values())
         return super()._setup_model(model)
 
 

@@ -90,15 +90,15 @@ class SimpleFeaturePyramid(nn.Module):
         check_pyramid_grid(backbone.img_size, backbone.patch_size, scales)
         if len(chosen) not in (1, len(scales)):
             raise ValueError(f"pyramid_indices={chosen}: give 1 or {len(scales)} blocks")
-        if len({i % depth for i in chosen}) != len(chosen):
-            raise ValueError(f"pyramid_indices={chosen}: each pyramid level needs its own block")
         resolved = [i % depth for i in chosen]
+        if len(set(resolved)) != len(chosen):
+            raise ValueError(f"pyramid_indices={chosen}: each pyramid level needs its own block")
         if resolved != sorted(resolved):  # the backbone hands block outputs over in block order
             raise ValueError(
                 f"pyramid_indices={chosen}: list the blocks shallow to deep (blocks {resolved}), finest "
                 f"level first, e.g. {sorted(resolved)}"
             )
-        return cls(backbone.embed_dim, out_channels, len(chosen), scales, [i % depth for i in chosen])
+        return cls(backbone.embed_dim, out_channels, len(chosen), scales, resolved)
 
     def forward_packed(self, features: PackedFeatures) -> OrderedDict[str, Tensor]:
         """The pyramid of `PackedViT` features computed with ``indices=self.indices``."""

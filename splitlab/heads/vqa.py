@@ -32,6 +32,12 @@ class VisualProjector(nn.Sequential):
         super().__init__(nn.Linear(vision_dim, lm_dim), nn.GELU(), nn.Linear(lm_dim, lm_dim))
 
 
+def check_token_order(order: str) -> None:
+    """Refuse a ``token_order`` other than ``raster`` or ``layout``."""
+    if order not in TOKEN_ORDERS:
+        raise ValueError(f"token_order={order!r}: expected 'raster' or 'layout'")
+
+
 def token_order(layout: TokenLayout, order: str = "raster", anchor: str = "corner") -> Tensor:
     """Indices that put each image's tokens in ``order``, image after image.
 
@@ -42,8 +48,7 @@ def token_order(layout: TokenLayout, order: str = "raster", anchor: str = "corne
     """
     if order == "layout":
         return torch.arange(layout.tokens.shape[0], device=layout.tokens.device)
-    if order not in TOKEN_ORDERS:
-        raise ValueError(f"token_order={order!r}: expected 'raster' or 'layout'")
+    check_token_order(order)
     boxes = layout.boxes
     if anchor == "corner":
         y, x = boxes[:, 1], boxes[:, 0]
@@ -307,8 +312,7 @@ class VQAHead(nn.Module):
         projector: dict[str, Tensor] | None = None,
     ) -> None:
         super().__init__()
-        if order not in TOKEN_ORDERS:  # checked when built, not at the first forward
-            raise ValueError(f"token_order={order!r}: expected 'raster' or 'layout'")
+        check_token_order(order)  # when built, not at the first forward
         self.projector = VisualProjector(vision_dim, bridge.hidden_size)
         if projector:
             self.projector.load_state_dict(projector)
