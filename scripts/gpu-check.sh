@@ -1,47 +1,59 @@
 #!/usr/bin/env bash
 # make gpu-check: the CUDA tests, then splitlab bench for the paper's models, on one GPU, in minutes.
-# Every JSON and one markdown table land in ${OUT:-runs/gpu-check}; each step has its own timeout and a
-# failing step does not stop the others. Random-init backbones (nothing downloaded but packages).
+# Every JSON and one markdown table land in ${OUT:-runs/gpu-check}; each step has its own timeout, all
+# of them together at most ${GPU_CHECK_SECONDS:-480} s (a step that would not fit is skipped and
+# reported), and a failing step does not stop the others. Random-init backbones (nothing downloaded
+# but packages). PYTHON=python3 uses that interpreter instead of the project's .venv (a GPU machine
+# whose Python already has torch; splitlab is then run from this checkout).
 set -u
+cd "$(dirname "$0")/.." || exit 2
 BIN=${BIN:-.venv/bin}
+PY=${PYTHON:-$BIN/python}
 OUT=${OUT:-runs/gpu-check}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
-if ! "$BIN/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu-check: no CUDA device is visible to torch on this machine (torch.cuda.is_available() is False);" >&2
     echo "           run it where a GPU is (make test covers the CPU path)." >&2
     exit 2
 fi
-"$BIN/python" - <<'PY' | tee "$OUT/device.txt"
+"$PY" - <<'PY' | tee "$OUT/device.txt"
 import torch, importlib.util
 p = torch.cuda.get_device_properties(0)
 print(f"device: {p.name}, {p.total_memory / 2**30:.0f} GiB, capability {p.major}.{p.minor}; torch {torch.__version__}, "
       f"CUDA {torch.version.cuda}; flash-attn {'yes' if importlib.util.find_spec('flash_attn') else 'no'}")
 PY
 status=0
+deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-480}))
 step() {  # step NAME SECONDS COMMAND...: run with a timeout, record the outcome, never stop the script
-    local name=$1 limit=$2; shift 2
+    local name=$1 limit=$2 left=$((deadline - SECONDS)); shift 2
+    if ((left < 30)); then
+        echo "== $name: SKIPPED (${left}s of the time budget left)"; status=1; return
+    fi
+    ((limit > left)) && limit=$left
     echo "== $name (timeout ${limit}s)"
     if timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; then echo "   ok"; else echo "   FAILED ($?): see $OUT/$name.log"; status=1; fi
 }
-step cuda-tests 150 "$BIN/python" -m pytest -m cuda -q -p no:cacheprovider --junitxml="$OUT/cuda-tests.xml" tests/cuda \
-    --ignore=tests/cuda/test_fsdp.py
 bench() {  # bench NAME SECONDS ARGS...
     local name=$1 limit=$2; shift 2
-    step "bench-$name" "$limit" "$BIN/splitlab" bench --device cuda --dtype bfloat16 --fraction 0.7 --warmup 3 --iters 10 \
-        --json "$OUT/bench-$name.json" "$@"
+    step "bench-$name" "$limit" "$PY" -m splitlab bench --device cuda --dtype bfloat16 --fraction 0.7 --warmup 3 \
+        --iters 10 --json "$OUT/bench-$name.json" "$@"
 }
-bench vit-b16-224 60 --model vit_base_patch16_224 --batch-size 256
-bench vit-b16-224-compiled 120 --model vit_base_patch16_224 --batch-size 256 --compile
+# Most telling first: correctness, the paper's headline model, then the rest.
+step cuda-tests 150 "$PY" -m pytest -m cuda -q -p no:cacheprovider --junitxml="$OUT/cuda-tests.xml" tests/cuda \
+    --ignore=tests/cuda/test_fsdp.py
 bench vit-l14-336 90 --model vit_large_patch14_clip_336 --batch-size 128
-bench vit-l14-336-compiled 150 --model vit_large_patch14_clip_336 --batch-size 128 --compile
+bench vit-b16-224 60 --model vit_base_patch16_224 --batch-size 256
 bench vit-h14-336 90 --model vit_huge_patch14_clip_336 --batch-size 64
-if "$BIN/python" -c "import flash_attn" 2> /dev/null; then
+bench eva02-l16-640 90 --model eva02_large_patch14_448 --patch-size 16 --img-size 640 --levels 64 32 16 --batch-size 4 --iters 3
+step fsdp-fit 120 "$PY" -m pytest -m cuda -q -p no:cacheprovider --junitxml="$OUT/fsdp.xml" tests/cuda/test_fsdp.py
+bench vit-l14-336-compiled 150 --model vit_large_patch14_clip_336 --batch-size 128 --compile
+if "$PY" -c "import flash_attn" 2> /dev/null; then
     bench vit-l14-336-flash 90 --model vit_large_patch14_clip_336 --batch-size 128 --attn-backend flash
 fi
 bench eva02-l16-1024 90 --model eva02_large_patch14_448 --patch-size 16 --img-size 1024 --levels 64 32 16 --batch-size 2 --iters 3
-bench eva02-l16-640 90 --model eva02_large_patch14_448 --patch-size 16 --img-size 640 --levels 64 32 16 --batch-size 4 --iters 3
-step fsdp-fit 120 "$BIN/python" -m pytest -m cuda -q -p no:cacheprovider --junitxml="$OUT/fsdp.xml" tests/cuda/test_fsdp.py
-"$BIN/python" - "$OUT" <<'PY' | tee "$OUT/table.md"
+bench vit-b16-224-compiled 120 --model vit_base_patch16_224 --batch-size 256 --compile
+"$PY" - "$OUT" <<'PY' | tee "$OUT/table.md"
 import json, pathlib, sys
 from splitlab.report import bench_table
 out = pathlib.Path(sys.argv[1])

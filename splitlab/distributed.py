@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -30,7 +31,8 @@ class BlockFSDPStrategy(FSDPStrategy):
     gather/reshard would not allow. Their gradients are averaged by the task
     (`splitlab.tasks.training`), the blocks' by FSDP's reduce-scatter; gradient clipping counts
     both (`clip_grad_norm`). A YAML config cannot spell FSDP's wrap policy (a set of module
-    classes), hence this subclass. Lightning runs FSDP on GPUs only.
+    classes), hence this subclass. Lightning runs FSDP on GPUs only. ``NO_SHARD`` is refused (that
+    is DDP); the task finishes each backward itself (`sharded_backward`).
 
     Args:
         activation_checkpointing: recompute block activations in backward (saves memory on ViT-H / EVA-02-L).
@@ -38,11 +40,31 @@ class BlockFSDPStrategy(FSDPStrategy):
     """
 
     def __init__(self, activation_checkpointing: bool = True, **kwargs: Any) -> None:
+        kwargs.setdefault("use_orig_params", True)
         super().__init__(
             auto_wrap_policy=set(BLOCKS),
             activation_checkpointing_policy=set(BLOCKS) if activation_checkpointing else None,
-            **{"use_orig_params": True, **kwargs},
+            **kwargs,
         )
+        if self.sharding_strategy.name == "NO_SHARD":  # every rank would hold whole gradients
+            raise ValueError(
+                "trainer.strategy.init_args.sharding_strategy=NO_SHARD: BlockFSDPStrategy shards the blocks; "
+                "for whole copies on every rank use trainer.strategy=ddp"
+            )
+
+    @property
+    def mixed_precision_config(self) -> Any:
+        """Lightning's mixed precision, but buffers keep their dtype.
+
+        Lightning casts every buffer to the low precision, and FSDP casts those of the modules it
+        ignores too: the budgets, operating points and λ controller would round (0.7 to 0.69921875
+        in bf16, refused against the trained budgets on reload; a λ step below 0.004 lost). The
+        blocks hold no buffers, so nothing is lost by keeping them in float32.
+        """
+        config = super().mixed_precision_config
+        if config is None or config.buffer_dtype is None:
+            return config
+        return dataclasses.replace(config, buffer_dtype=None)
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -66,15 +88,16 @@ def clip_grad_norm(
 ) -> Tensor:
     """Clip ``params``' gradients to a total norm of ``max_norm`` when some are FSDP shards.
 
-    A sharded gradient holds only this rank's part, so its squared norm is summed over ranks
-    (``reduce_sum``); a whole one (the same on every rank) counts once. Every rank then scales by
+    A sharded gradient holds only this rank's part, so its squared norm is summed over the ranks
+    that split one copy (``reduce_sum``: FSDP's shard group, all ranks under FULL_SHARD, one node's
+    under HYBRID_SHARD); a whole one (the same on every rank) counts once. Every rank then scales by
     the same factor, as `torch.nn.utils.clip_grad_norm_` would on the unsharded gradients.
 
     Args:
         params: the optimizer's parameters.
         max_norm: the largest total norm kept.
         sharded: ``id`` of the parameters whose gradients are shards (`block_parameter_ids`).
-        reduce_sum: sum over ranks (identity on one process).
+        reduce_sum: sum over the shard group (identity on one process).
 
     Returns:
         The total norm before clipping.
@@ -91,3 +114,25 @@ def clip_grad_norm(
     for _, g in grads:
         g.mul_(scale.to(g.dtype))
     return total
+
+
+def sharded_backward(root: nn.Module, backward: Callable[[], None]) -> None:
+    """``backward()`` under FSDP, finished as FSDP finishes a backward of its own.
+
+    FSDP queues its end-of-backward step (wait for the reduce-scatters, hand each block its gradient
+    shard, reset for the next pass) from a hook on the root module's forward outputs. With manual
+    optimization Lightning runs ``training_step``, and so the backward, *inside* the root's forward,
+    where that hook never fires (Lightning-AI/pytorch-lightning#19685): the shards would never
+    reach the optimizer and the next backward would add onto them. So this does, around
+    ``backward``, what the root's pre-backward hook and its queued callback would do. They are
+    torch's private FSDP functions (present from torch 2.1 through 2.14; the import fails loudly
+    if they move).
+    """
+    from torch.distributed.fsdp._runtime_utils import (
+        _post_backward_final_callback,
+        _reset_flat_param_grad_info_if_needed,
+    )
+
+    _reset_flat_param_grad_info_if_needed(root._all_handles)  # after zero_grad(set_to_none)
+    backward()
+    _post_backward_final_callback(root, root)

@@ -46,3 +46,14 @@ def test_only_transformer_blocks_are_sharded() -> None:
     assert sharded == blocks
     assert not sharded & {id(p) for p in model["tokenizer"].parameters()}
     assert id(backbone.model.patch_embed.proj.weight) not in sharded
+
+
+def test_the_fsdp_internals_that_finish_a_backward_are_there() -> None:
+    """`sharded_backward` calls two private FSDP functions (no public API finishes a backward run
+    inside the root's forward): a torch that moves or reshapes them fails here, not on a cluster."""
+    import inspect
+
+    from torch.distributed.fsdp import _runtime_utils as fsdp
+
+    assert list(inspect.signature(fsdp._post_backward_final_callback).parameters) == ["state", "module"]
+    assert list(inspect.signature(fsdp._reset_flat_param_grad_info_if_needed).parameters) == ["handles"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import timm
 import torch
@@ -143,11 +144,20 @@ class PackedFeatures:
 
 
 def create_vit(model_name: str, pretrained: bool = False, checkpoint_path: str = "", **kwargs) -> nn.Module:
-    """``timm.create_model`` with errors that name the setting."""
+    """``timm.create_model`` with errors that name the setting.
+
+    Local weights (``checkpoint_path``) replace the pretrained download: timm would fetch the
+    pretrained weights first and overwrite them after, which fails on an offline machine.
+    """
     if not timm.is_model(model_name):
         close = timm.list_models(f"*{model_name.split('.')[0][:12]}*")[:5]
         hint = f" (close: {', '.join(close)})" if close else ""
         raise ValueError(f"model_name={model_name!r} is not a timm model{hint}")
+    if checkpoint_path and not Path(checkpoint_path).is_file():
+        raise FileNotFoundError(
+            f"checkpoint_path={checkpoint_path}: no such file (the backbone's local weights)"
+        )
+    pretrained = pretrained and not checkpoint_path
     return timm.create_model(model_name, pretrained=pretrained, checkpoint_path=checkpoint_path, **kwargs)
 
 

@@ -22,6 +22,14 @@ def _chain(error: BaseException) -> list[BaseException]:
     return chain
 
 
+def _file_in_the_way(path: Path) -> Path:
+    """The first file on ``path`` (``path`` itself, or a file standing where one of its folders goes)."""
+    for part in [*reversed(path.parents), path]:
+        if part.exists() and not part.is_dir():
+            return part
+    return path
+
+
 def _raised_by_splitlab(error: BaseException) -> bool:
     tb, last = error.__traceback__, None
     while tb is not None:
@@ -62,7 +70,8 @@ def reporting_errors(run: Callable[[], Any]) -> Any:
             message = str(cause.args[0])
         elif isinstance(cause, FileExistsError | NotADirectoryError) and cause.filename:
             message = (
-                f"{cause.filename}: a file stands where the run needs a folder ({cause.strerror}); move it, "
+                f"{_file_in_the_way(Path(cause.filename))}: a file stands where the run needs a folder "
+                f"({cause.strerror}); move it, "
                 "or choose another folder (trainer.logger save_dir, trainer.default_root_dir)"
             )
         print(f"splitlab: error: {message}", file=sys.stderr)

@@ -7,6 +7,7 @@ import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from splitlab.report import format_table
 
@@ -81,7 +82,22 @@ def generate_for(task: str, out: Path, seed: int, background: str = "busy") -> N
         )
     else:
         generate_ade20k(out, train=300, val=80, seed=seed)
-    (out / ".complete").write_text("")
+    (out / ".complete").write_text(json.dumps({"task": task, "seed": seed, "background": background}))
+
+
+def check_reused(data: Path, wanted: dict[str, Any], flag: str) -> None:
+    """Refuse to reuse generated data (and its dense backbone) made for other settings, which would
+    silently run the demo asked for on the wrong data."""
+    text = (data / ".complete").read_text().strip()
+    made = json.loads(text) if text else {}  # older runs recorded nothing
+    differ = {k: (made[k], v) for k, v in wanted.items() if k in made and made[k] != v}
+    if differ:
+        was = ", ".join(f"--{k} {a}" for k, (a, _) in differ.items())
+        now = ", ".join(f"--{k} {b}" for k, (_, b) in differ.items())
+        raise ValueError(
+            f"{flag} {data.parent}: its data and dense backbone were made with {was}, not {now}; "
+            "give another --out (or --reuse a run made with these settings)"
+        )
 
 
 def policy_args(policy: str) -> list[str]:
@@ -122,6 +138,12 @@ def run_pipeline(
         if reuse is not None:
             raise FileNotFoundError(f"--reuse {reuse}: no finished demo run there (no data/.complete)")
         generate_for(task, data, seed, background)
+    elif (
+        reuse is not None
+    ):  # the comparison's point: its data and backbone (whatever made them), another policy
+        check_reused(data, {"task": task}, "--reuse")
+    else:
+        check_reused(data, {"task": task, "background": background, "seed": seed}, "--out")
     extra = [*policy_args(policy), *extra]
     # overrides follow every --config, so the dense stage's config cannot reset them
     overrides = [

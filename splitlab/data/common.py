@@ -36,10 +36,14 @@ class SeededIndex(int):
 @contextmanager
 def seeded_augmentation(seed: int) -> Iterator[None]:
     """Seed torch's, Python's and NumPy's global generators (what timm and torchvision transforms
-    draw from) for one sample, and restore them after, so the caller's streams are untouched."""
+    draw from) for one sample, and restore them after, so the caller's streams are untouched.
+
+    Only the CPU generator is seeded (transforms draw there): ``torch.manual_seed`` would also reset
+    every CUDA generator, which ``fork_rng(devices=[])`` does not restore, so with ``num_workers=0``
+    on a GPU the model's dropout would replay the last sample's seed."""
     py_state, np_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed % 2**32)
         try:

@@ -51,9 +51,14 @@ def annotations_file(root: Path, split: str) -> Path:
     return root / f"v2_mscoco_{split}_annotations.json"
 
 
+def image_split(split: str) -> str:
+    """The COCO image folder of a question split: test-dev is a subset of test2015's images."""
+    return "test2015" if split == "test-dev2015" else split
+
+
 def image_name(split: str, image_id: int, suffix: str = ".jpg") -> str:
-    """COCO's file name of ``image_id`` in ``split``."""
-    return f"COCO_{split}_{image_id:012d}{suffix}"
+    """COCO's file name of ``image_id`` in (the image folder of) ``split``."""
+    return f"COCO_{image_split(split)}_{image_id:012d}{suffix}"
 
 
 def vqa_words(text: str) -> list[str]:
@@ -170,7 +175,7 @@ def load_vqa(
 
 def _image_files(root: Path, split: str, questions: list[dict[str, Any]], q_path: Path) -> dict[int, Path]:
     """Each asked-about image's file (``.jpg`` or ``.png``); all missing ones named in one error."""
-    folder = root / split
+    folder = root / image_split(split)
     present = {entry.name for entry in os.scandir(folder)} if folder.is_dir() else set()
     files, missing = {}, []
     for image_id in sorted({q["image_id"] for q in questions}):

@@ -69,11 +69,16 @@ class SegmentationTask(DenseTask):
         trainer = self.trainer if self._trainer is not None else None
         fitting = trainer is not None and trainer.state.fn == "fit"
         has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.head.modules())
-        if fitting and has_bn and batch is not None and int(batch) < 2 and trainer.world_size < 2:
+        synced = (
+            fitting and trainer._accelerator_connector.sync_batchnorm
+        )  # BatchNorm over every rank's images
+        per_norm = int(batch) * (trainer.world_size if synced else 1) if batch is not None else 2
+        if fitting and has_bn and per_norm < 2:
             raise ValueError(
                 f"data.init_args.batch_size={batch}: the decode head's BatchNorm needs at least 2 images per "
                 "training step (UPerHead's 1x1 pooling branch has one value per image); use batch_size >= 2, "
                 "or several GPUs with trainer.sync_batchnorm=true"
+                + ("" if trainer.world_size < 2 else f" (this run: {trainer.world_size} GPUs, not synced)")
             )
 
     def per_sample_loss(self, outputs: dict[str, Tensor], targets: Tensor) -> Tensor:

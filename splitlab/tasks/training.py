@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from splitlab.distributed import block_parameter_ids, clip_grad_norm
+from splitlab.distributed import block_parameter_ids, clip_grad_norm, sharded_backward
 from splitlab.rl import advantages, ppo_policy_loss
 from splitlab.tasks.budgets import BudgetTraining
 from splitlab.tokenizer import fraction_of, policy, warm_start_labels
@@ -125,7 +125,7 @@ class StageTraining(BudgetTraining):
                 self.manual_backward(loss)
             sharded: set[int] = set()
         elif isinstance(model, FullyShardedDataParallel):
-            self.manual_backward(loss)
+            sharded_backward(model, lambda: self.manual_backward(loss))
             sharded = block_parameter_ids(self)
         else:
             self.manual_backward(loss)
@@ -154,12 +154,12 @@ class StageTraining(BudgetTraining):
             self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
             return
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        clip_grad_norm(
-            params,
-            max_norm,
-            block_parameter_ids(self),
-            lambda t: self.trainer.strategy.reduce(t, reduce_op="sum"),
-        )
+
+        def over_shards(t: Tensor) -> Tensor:  # the ranks that split one copy (one node under HYBRID_SHARD)
+            torch.distributed.all_reduce(t, group=model.process_group)
+            return t
+
+        clip_grad_norm(params, max_norm, block_parameter_ids(self), over_shards)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
         images, targets = self.split_batch(batch)

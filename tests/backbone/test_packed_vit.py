@@ -98,6 +98,28 @@ def test_unknown_model_names_the_setting() -> None:
         PackedViT("vit_nonexistent_patch16")
 
 
+def test_local_weights_replace_the_pretrained_download(tmp_path, monkeypatch) -> None:
+    """Offline clusters: ``pretrained: true`` with ``checkpoint_path`` loads the file and fetches nothing."""
+    import timm.models._builder as builder
+
+    kwargs = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2}
+    weights = timm.create_model("vit_tiny_patch16_224", **kwargs).state_dict()
+    torch.save(weights, tmp_path / "vit.pth")
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("tried to download pretrained weights")
+
+    monkeypatch.setattr(builder, "load_pretrained", no_network)
+    vit = PackedViT(
+        "vit_tiny_patch16_224", pretrained=True, checkpoint_path=str(tmp_path / "vit.pth"), **kwargs
+    )
+    assert all(torch.equal(vit.model.state_dict()[k], v) for k, v in weights.items())
+    with pytest.raises(FileNotFoundError, match="checkpoint_path=.*missing.pth: no such file"):
+        PackedViT(
+            "vit_tiny_patch16_224", pretrained=True, checkpoint_path=str(tmp_path / "missing.pth"), **kwargs
+        )
+
+
 def test_non_vit_model_is_refused() -> None:
     with pytest.raises(ValueError, match="model_name='resnet18' builds a timm ResNet"):
         PackedViT("resnet18")

@@ -56,3 +56,12 @@ def test_seeded_samples_leave_the_callers_generators_alone() -> None:
     seeded = dataset[SeededIndex(2, 99)]
     assert (torch.rand(()).item(), random.random()) == pytest.approx(expected)
     assert torch.equal(dataset[SeededIndex(2, 99)], seeded) and not torch.equal(dataset[2], seeded)
+
+
+def test_seeded_samples_leave_the_cuda_generators_alone(monkeypatch) -> None:
+    """A GPU's generators are not reseeded either (the CPU-only machine: watch the call that would)."""
+    reseeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: reseeded.append(seed))
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda seed: reseeded.append(seed))
+    SkipCorrupt(RandomDraws(), str)[SeededIndex(2, 99)]
+    assert reseeded == []

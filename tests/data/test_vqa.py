@@ -271,6 +271,22 @@ def test_predict_reads_a_split_with_questions_only(tmp_path: Path, vqa_root: Pat
     assert all(len(a) == 10 for i in range(len(predict)) for a in predict[i][1]["answers"])
 
 
+def test_test_dev_questions_read_the_test2015_images(tmp_path: Path, vqa_root: Path) -> None:
+    """The official layout: test-dev's questions name images of the test2015 folder (COCO_test2015_*)."""
+    root = _copy(vqa_root, tmp_path)
+    q_path, questions, _, _ = _docs(root, "val2014")
+    (root / "v2_OpenEnded_mscoco_test-dev2015_questions.json").write_text(json.dumps(questions))
+    (root / "test2015").mkdir()
+    for image in (root / "val2014").iterdir():
+        image.rename(root / "test2015" / image.name.replace("COCO_val2014_", "COCO_test2015_"))
+    dm = VQAv2Data(root=str(root), img_size=64, batch_size=2, num_workers=0, predict_split="test-dev2015")
+    dm.setup("predict")
+    targets = [t for _, batch in dm.predict_dataloader() for t in batch]
+    assert sorted(qid for t in targets for qid in t["question_ids"]) == sorted(
+        q["question_id"] for q in questions["questions"]
+    )
+
+
 def test_hf_test_split_without_answers(tmp_path: Path) -> None:
     import datasets
 

@@ -365,12 +365,16 @@ def test_a_checkpoint_of_another_task(shapes_root, trained, tmp_path, capsys) ->
     )
 
 
-def test_an_unwritable_log_folder(shapes_root, tmp_path, capsys) -> None:
+@pytest.mark.parametrize(
+    ("below", "why"), [("", "File exists"), ("runs/logs", "Not a directory")], ids=["the-folder", "a-parent"]
+)
+def test_an_unwritable_log_folder(shapes_root, tmp_path, capsys, below, why) -> None:
+    """A file where the run folder (or one of its parents) goes: the message names that file."""
     (tmp_path / "blocked").write_text("a file where the run folder should be")
     fails(
         capsys,
-        fit_args(shapes_root, tmp_path / "blocked"),
-        f"{tmp_path / 'blocked'}: a file stands where the run needs a folder (File exists)",
+        fit_args(shapes_root, tmp_path / "blocked" / below),
+        f"{tmp_path / 'blocked'}: a file stands where the run needs a folder ({why})",
     )
 
 

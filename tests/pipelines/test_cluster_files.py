@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 REPO = Path(__file__).parents[2]
 SCRIPTS = sorted((REPO / "configs" / "slurm").glob("*.sbatch"))
+GPU_CHECK = REPO / "scripts" / "gpu-check.sh"
 BIN = Path(sys.executable).parent
 
 
@@ -37,12 +39,12 @@ def test_there_are_one_and_multi_node_scripts() -> None:
     assert int(sbatch(REPO / "configs" / "slurm" / "multi_node.sbatch", "nodes")) > 1
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", [*SCRIPTS, GPU_CHECK], ids=lambda p: p.name)
 def test_bash_syntax(script: Path) -> None:
     subprocess.run(["bash", "-n", str(script)], check=True)
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", [*SCRIPTS, GPU_CHECK], ids=lambda p: p.name)
 def test_shellcheck(script: Path) -> None:
     if tool("shellcheck") is None:
         pytest.skip("shellcheck not installed")
@@ -61,6 +63,30 @@ def test_nodes_and_tasks_match_the_trainer(script: Path) -> None:
     assert "--config configs/trainer/slurm.yaml" in text
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_gpu_check_without_a_gpu_stops_at_once_with_a_clear_message(tmp_path) -> None:
+    env = {**shutil.os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out")}
+    done = subprocess.run(["bash", str(GPU_CHECK)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert (
+        done.stderr.startswith("gpu-check: no CUDA device is visible to torch")
+        and "Traceback" not in done.stderr
+    )
+    assert not list((tmp_path / "out").glob("*.json"))
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO / "tasks").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_recipe_checkpoints_each_epoch(recipe: Path) -> None:
+    """A step trigger would turn the epoch saves off and leave last.ckpt at the last multiple of N
+    steps, not the final model (Lightning's triggers are mutually exclusive)."""
+    callbacks = yaml.safe_load(recipe.read_text())["trainer"]["callbacks"]
+    saving = [c.get("init_args", {}) for c in callbacks if c["class_path"].endswith("ModelCheckpoint")]
+    assert any(
+        args.get("save_last") and not args.get("every_n_train_steps") and not args.get("train_time_interval")
+        for args in saving
+    )
+
+
 def test_trainer_config_requeues_and_checkpoints() -> None:
     cfg = yaml.safe_load((REPO / "configs" / "trainer" / "slurm.yaml").read_text())["trainer"]
     assert cfg["strategy"] == "ddp" and cfg["precision"] == "bf16-mixed"
@@ -70,25 +96,26 @@ def test_trainer_config_requeues_and_checkpoints() -> None:
     assert ckpt["init_args"]["every_n_train_steps"] > 0
 
 
-def test_slurm_config_composes_with_every_recipe(tmp_path) -> None:
+@pytest.mark.parametrize("extra", [[], ["fsdp.yaml"]], ids=["ddp", "fsdp"])
+def test_slurm_config_composes_with_every_recipe(tmp_path, extra) -> None:
+    """The README's cluster commands: every recipe, then slurm.yaml (and fsdp.yaml for the large backbones)."""
     from splitlab.cli import lightning_main
 
     for recipe in sorted((REPO / "tasks").glob("*.yaml")):
         out = tmp_path / f"{recipe.stem}.yaml"
-        args = [
-            "fit",
-            "--config",
-            str(recipe),
-            "--config",
-            str(REPO / "configs" / "trainer" / "slurm.yaml"),
-            "--print_config",
-        ]
+        configs = [recipe, REPO / "configs" / "trainer" / "slurm.yaml"]
+        configs += [REPO / "configs" / "trainer" / name for name in extra]
+        args = ["fit", *(a for c in configs for a in ("--config", str(c))), "--print_config"]
         with open(out, "w") as f, __import__("contextlib").redirect_stdout(f), pytest.raises(SystemExit):
             lightning_main(args)
-        callbacks = [c["class_path"] for c in yaml.safe_load(out.read_text())["trainer"]["callbacks"]]
+        trainer = yaml.safe_load(out.read_text())["trainer"]
+        callbacks = [c["class_path"] for c in trainer["callbacks"]]
         assert (
             "splitlab.callbacks.SplitSchedule" in callbacks and "splitlab.callbacks.SlurmRequeue" in callbacks
         )
+        if extra:
+            assert trainer["strategy"]["class_path"] == "splitlab.distributed.BlockFSDPStrategy"
+            assert trainer["strategy"]["init_args"]["sharding_strategy"] == "FULL_SHARD"
 
 
 def test_dockerfile_lints_and_installs_the_project() -> None:
@@ -115,3 +142,24 @@ def test_fsdp_config_shards_per_block() -> None:
     assert isinstance(strategy, FSDPStrategy)
     policy = strategy.kwargs["auto_wrap_policy"]
     assert {Block, EvaBlock} <= set(getattr(policy, "_module_classes", ()))
+    assert strategy.kwargs["use_orig_params"]
+
+
+def test_fsdp_mixed_precision_keeps_buffers_in_their_dtype() -> None:
+    """bf16 buffers would round the budgets (0.7 -> 0.69921875) and the λ controller's state."""
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+
+    from splitlab.distributed import BlockFSDPStrategy
+
+    strategy = BlockFSDPStrategy(precision_plugin=FSDPPrecision("bf16-mixed"))
+    config = strategy.mixed_precision_config
+    assert config.param_dtype == torch.bfloat16 and config.reduce_dtype == torch.bfloat16
+    assert config.buffer_dtype is None
+    assert BlockFSDPStrategy().mixed_precision_config.buffer_dtype is None  # 32-true
+
+
+def test_fsdp_without_sharding_is_refused() -> None:
+    from splitlab.distributed import BlockFSDPStrategy
+
+    with pytest.raises(ValueError, match="sharding_strategy=NO_SHARD: .*use trainer.strategy=ddp"):
+        BlockFSDPStrategy(sharding_strategy="NO_SHARD")

@@ -67,3 +67,28 @@ def test_the_tasks_miou_equals_mmseg_iou_metric() -> None:
 def test_background_classes_must_be_classes() -> None:
     with pytest.raises(ValueError, match=r"background_classes \[7\] are not classes of num_classes=5"):
         SegmentationTask(num_classes=5, background_classes=[0, 7], **TINY)
+
+
+@pytest.mark.parametrize(
+    ("batch", "world", "synced", "refused"),
+    [(1, 1, False, True), (2, 1, False, False), (1, 2, False, True), (1, 2, True, False)],
+    ids=["one-image", "two-images", "two-gpus-unsynced", "two-gpus-synced"],
+)
+def test_batchnorm_needs_two_images_per_normalisation(batch, world, synced, refused) -> None:
+    """Per rank without `sync_batchnorm`, over all ranks with it: a step of one image per BatchNorm fails."""
+    from types import SimpleNamespace
+
+    task = SegmentationTask(num_classes=6, **{**TINY, "decode_head": {"channels": 16}})
+    task._trainer = SimpleNamespace(
+        state=SimpleNamespace(fn="fit"),
+        world_size=world,
+        _accelerator_connector=SimpleNamespace(sync_batchnorm=synced),
+    )
+    data = SimpleNamespace(batch_size=batch, hparams={"batch_size": batch})
+    if refused:
+        with pytest.raises(
+            ValueError, match=f"data.init_args.batch_size={batch}: the decode head's BatchNorm"
+        ):
+            task.check_data(data)
+    else:
+        task.check_data(data)
