@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # make gpu-check: the CUDA tests, then splitlab bench for the paper's models, on one GPU, in minutes.
 # Every JSON and one markdown table land in ${OUT:-runs/gpu-check}; each step has its own timeout, all
-# of them together at most ${GPU_CHECK_SECONDS:-480} s (a step that would not fit is skipped and
-# reported), and a failing step does not stop the others. Random-init backbones (nothing downloaded
-# but packages). PYTHON=python3 uses that interpreter instead of the project's .venv (a GPU machine
+# of them together at most ${GPU_CHECK_SECONDS:-480} s (a step gets at most the time left, none with
+# under 30 s left; both reported), and a failing step does not stop the others. Random-init backbones (nothing downloaded
+# but packages). GPU_CHECK_PYTHON=python3 uses that interpreter instead of the project's .venv (a GPU machine
 # whose Python already has torch; splitlab is then run from this checkout).
 set -u
+OUT=${OUT:+$(realpath -m "$OUT")}  # as given, from where it was given
 cd "$(dirname "$0")/.." || exit 2
 BIN=${BIN:-.venv/bin}
-PY=${PYTHON:-$BIN/python}
+PY=${GPU_CHECK_PYTHON:-$BIN/python}
 OUT=${OUT:-runs/gpu-check}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
@@ -32,21 +33,26 @@ step() {  # step NAME SECONDS COMMAND...: run with a timeout, record the outcome
     fi
     ((limit > left)) && limit=$left
     echo "== $name (timeout ${limit}s)"
-    if timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; then echo "   ok"; else echo "   FAILED ($?): see $OUT/$name.log"; status=1; fi
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    case $? in
+        0) echo "   ok" ;;
+        124) echo "   TIMED OUT after ${limit}s: see $OUT/$name.log"; status=1 ;;
+        *) echo "   FAILED: see $OUT/$name.log"; status=1 ;;
+    esac
 }
 bench() {  # bench NAME SECONDS ARGS...
     local name=$1 limit=$2; shift 2
     step "bench-$name" "$limit" "$PY" -m splitlab bench --device cuda --dtype bfloat16 --fraction 0.7 --warmup 3 \
         --iters 10 --json "$OUT/bench-$name.json" "$@"
 }
-# Most telling first: correctness, the paper's headline model, then the rest.
+# Most telling first: correctness (the CUDA tests, an FSDP fit), the paper's headline model, then the rest.
 step cuda-tests 150 "$PY" -m pytest -m cuda -q -p no:cacheprovider --junitxml="$OUT/cuda-tests.xml" tests/cuda \
     --ignore=tests/cuda/test_fsdp.py
+step fsdp-fit 120 "$PY" -m pytest -m cuda -q -p no:cacheprovider --junitxml="$OUT/fsdp.xml" tests/cuda/test_fsdp.py
 bench vit-l14-336 90 --model vit_large_patch14_clip_336 --batch-size 128
 bench vit-b16-224 60 --model vit_base_patch16_224 --batch-size 256
 bench vit-h14-336 90 --model vit_huge_patch14_clip_336 --batch-size 64
 bench eva02-l16-640 90 --model eva02_large_patch14_448 --patch-size 16 --img-size 640 --levels 64 32 16 --batch-size 4 --iters 3
-step fsdp-fit 120 "$PY" -m pytest -m cuda -q -p no:cacheprovider --junitxml="$OUT/fsdp.xml" tests/cuda/test_fsdp.py
 bench vit-l14-336-compiled 150 --model vit_large_patch14_clip_336 --batch-size 128 --compile
 if "$PY" -c "import flash_attn" 2> /dev/null; then
     bench vit-l14-336-flash 90 --model vit_large_patch14_clip_336 --batch-size 128 --attn-backend flash

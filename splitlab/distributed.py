@@ -54,17 +54,20 @@ class BlockFSDPStrategy(FSDPStrategy):
 
     @property
     def mixed_precision_config(self) -> Any:
-        """Lightning's mixed precision, but buffers keep their dtype.
+        """Lightning's mixed precision for the blocks' weights and gradients, but nothing else cast.
 
-        Lightning casts every buffer to the low precision, and FSDP casts those of the modules it
-        ignores too: the budgets, operating points and λ controller would round (0.7 to 0.69921875
-        in bf16, refused against the trained budgets on reload; a λ step below 0.004 lost). The
-        blocks hold no buffers, so nothing is lost by keeping them in float32.
+        Lightning asks FSDP to cast every buffer and the root's inputs to the low precision. The
+        buffers are SPLIT's budgets, operating points and λ controller (0.7 becomes 0.69921875 in
+        bf16, refused against the trained budgets on reload; a λ step below 0.004 is lost); the
+        root's input is the whole batch, targets too (a COCO box edge at x = 1000 lands on a 4 px grid
+        in bf16). Under the ``*-mixed`` precisions autocast already runs the compute in the low
+        precision, and the blocks hold no buffers, so keeping both as they are costs nothing (an
+        explicit ``mixed_precision=`` is adjusted the same way).
         """
         config = super().mixed_precision_config
-        if config is None or config.buffer_dtype is None:
+        if config is None:
             return config
-        return dataclasses.replace(config, buffer_dtype=None)
+        return dataclasses.replace(config, buffer_dtype=None, cast_root_forward_inputs=False)
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -105,14 +108,15 @@ def clip_grad_norm(
     grads = [(id(p) in sharded, p.grad) for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
-    device = grads[0][1].device
+    # where the sums meet: a whole gradient's device (the GPU, also when FSDP offloads the shards)
+    device = next((g.device for s, g in grads if not s), grads[0][1].device)
     zero = torch.zeros((), device=device)
-    shard_sq = sum((g.float().pow(2).sum() for s, g in grads if s), zero)
-    whole_sq = sum((g.float().pow(2).sum() for s, g in grads if not s), zero)
+    shard_sq = sum((g.float().pow(2).sum().to(device) for s, g in grads if s), zero)
+    whole_sq = sum((g.float().pow(2).sum().to(device) for s, g in grads if not s), zero)
     total = (reduce_sum(shard_sq) + whole_sq).sqrt()
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
     for _, g in grads:
-        g.mul_(scale.to(g.dtype))
+        g.mul_(scale.to(g.device, g.dtype))
     return total
 
 

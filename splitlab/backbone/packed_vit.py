@@ -146,8 +146,11 @@ class PackedFeatures:
 def create_vit(model_name: str, pretrained: bool = False, checkpoint_path: str = "", **kwargs) -> nn.Module:
     """``timm.create_model`` with errors that name the setting.
 
-    Local weights (``checkpoint_path``) replace the pretrained download: timm would fetch the
-    pretrained weights first and overwrite them after, which fails on an offline machine.
+    With ``pretrained`` and local weights (``checkpoint_path``), the file takes the download's
+    place and goes through timm's pretrained loader, which adapts position and patch embeddings to
+    the model's size (the dense recipes run EVA-02 at /16 and 1024 px). timm's own
+    ``checkpoint_path`` would fetch the pretrained weights first (fails offline) and then load the
+    file strictly (fails at another size).
     """
     if not timm.is_model(model_name):
         close = timm.list_models(f"*{model_name.split('.')[0][:12]}*")[:5]
@@ -157,7 +160,9 @@ def create_vit(model_name: str, pretrained: bool = False, checkpoint_path: str =
         raise FileNotFoundError(
             f"checkpoint_path={checkpoint_path}: no such file (the backbone's local weights)"
         )
-    pretrained = pretrained and not checkpoint_path
+    if pretrained and checkpoint_path:
+        overlay = {**kwargs.pop("pretrained_cfg_overlay", {}), "file": checkpoint_path, "source": ""}
+        return timm.create_model(model_name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
     return timm.create_model(model_name, pretrained=pretrained, checkpoint_path=checkpoint_path, **kwargs)
 
 

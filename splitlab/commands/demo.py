@@ -138,12 +138,11 @@ def run_pipeline(
         if reuse is not None:
             raise FileNotFoundError(f"--reuse {reuse}: no finished demo run there (no data/.complete)")
         generate_for(task, data, seed, background)
-    elif (
-        reuse is not None
-    ):  # the comparison's point: its data and backbone (whatever made them), another policy
+    elif reuse is not None:  # the comparison: that run's data and backbone, another policy or seed
         check_reused(data, {"task": task}, "--reuse")
-    else:
-        check_reused(data, {"task": task, "background": background, "seed": seed}, "--out")
+    else:  # the background shapes the classification data only
+        shaped = {"background": background} if task == "classification" else {}
+        check_reused(data, {"task": task, "seed": seed, **shaped}, "--out")
     extra = [*policy_args(policy), *extra]
     # overrides follow every --config, so the dense stage's config cannot reset them
     overrides = [

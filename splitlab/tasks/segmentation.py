@@ -69,9 +69,9 @@ class SegmentationTask(DenseTask):
         trainer = self.trainer if self._trainer is not None else None
         fitting = trainer is not None and trainer.state.fn == "fit"
         has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.head.modules())
-        synced = (
-            fitting and trainer._accelerator_connector.sync_batchnorm
-        )  # BatchNorm over every rank's images
+        # trainer.sync_batchnorm=true keeps a layer sync (the BatchNorms are converted later, in the
+        # strategy's setup): then each BatchNorm sees every rank's images
+        synced = fitting and getattr(trainer._accelerator_connector, "_layer_sync", None) is not None
         per_norm = int(batch) * (trainer.world_size if synced else 1) if batch is not None else 2
         if fitting and has_bn and per_norm < 2:
             raise ValueError(

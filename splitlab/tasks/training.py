@@ -37,6 +37,8 @@ class StageTraining(BudgetTraining):
             policy_opt = self.trainer.optimizers[1]
             for group in policy_opt.param_groups:
                 group["lr"] = self.hparams.policy_lr if stage == "ppo" else self.hparams.imitation_lr
+            if stage == "ppo":  # the frozen parts' last gradients would stay allocated all of PPO
+                self.trainer.optimizers[0].zero_grad(set_to_none=True)
         trainable = stage != "ppo"
         for module in self.task_modules():
             module.requires_grad_(trainable)

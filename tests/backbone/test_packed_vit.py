@@ -99,21 +99,37 @@ def test_unknown_model_names_the_setting() -> None:
 
 
 def test_local_weights_replace_the_pretrained_download(tmp_path, monkeypatch) -> None:
-    """Offline clusters: ``pretrained: true`` with ``checkpoint_path`` loads the file and fetches nothing."""
+    """Offline clusters: ``pretrained: true`` with ``checkpoint_path`` loads the file, adapted to the
+    model's size as the download would be (position embeddings resampled), and fetches nothing."""
     import timm.models._builder as builder
 
-    kwargs = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2}
-    weights = timm.create_model("vit_tiny_patch16_224", **kwargs).state_dict()
+    kwargs = {"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2}
+    weights = timm.create_model("vit_tiny_patch16_224", img_size=32, **kwargs).state_dict()
     torch.save(weights, tmp_path / "vit.pth")
 
     def no_network(*args, **kwargs):
         raise AssertionError("tried to download pretrained weights")
 
-    monkeypatch.setattr(builder, "load_pretrained", no_network)
-    vit = PackedViT(
-        "vit_tiny_patch16_224", pretrained=True, checkpoint_path=str(tmp_path / "vit.pth"), **kwargs
+    monkeypatch.setattr(builder, "load_state_dict_from_url", no_network)
+    monkeypatch.setattr(builder, "load_state_dict_from_hf", no_network)
+    monkeypatch.setattr(builder, "download_cached_file", no_network)
+    same = PackedViT(
+        "vit_tiny_patch16_224",
+        pretrained=True,
+        checkpoint_path=str(tmp_path / "vit.pth"),
+        img_size=32,
+        **kwargs,
     )
-    assert all(torch.equal(vit.model.state_dict()[k], v) for k, v in weights.items())
+    assert all(torch.equal(same.model.state_dict()[k], v) for k, v in weights.items())
+    larger = PackedViT(
+        "vit_tiny_patch16_224",
+        pretrained=True,
+        checkpoint_path=str(tmp_path / "vit.pth"),
+        img_size=64,
+        **kwargs,
+    )
+    assert larger.model.pos_embed.shape[1] == 1 + 8 * 8  # resampled from 4 x 4
+    assert torch.equal(larger.model.blocks[0].attn.qkv.weight, weights["blocks.0.attn.qkv.weight"])
     with pytest.raises(FileNotFoundError, match="checkpoint_path=.*missing.pth: no such file"):
         PackedViT(
             "vit_tiny_patch16_224", pretrained=True, checkpoint_path=str(tmp_path / "missing.pth"), **kwargs

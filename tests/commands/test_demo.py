@@ -51,3 +51,30 @@ def test_reusing_a_run_for_another_policy_or_seed_is_the_comparison(tmp_path, ca
         f"splitlab: error: --reuse {tmp_path / 'base'}: its data and dense backbone were made "
     )
     assert "with --task classification, not --task coco" in err
+
+
+class Started(Exception):
+    """Raised where the demo would start training: every check before it passed."""
+
+
+@pytest.mark.parametrize(
+    ("made", "argv"),
+    [
+        ({}, ["--reuse", "{base}", "--out", "{tmp}/apt", "--policy", "entropy", "--seed", "2"]),
+        ({"task": "coco"}, ["--out", "{base}", "--task", "coco", "--background", "flat"]),
+    ],
+    ids=["reuse-another-seed", "background-of-a-detection-run"],
+)
+def test_what_does_not_change_the_data_is_accepted(tmp_path, monkeypatch, made, argv) -> None:
+    import splitlab.cli
+
+    def started(args):
+        raise Started
+
+    base = tmp_path / "base"
+    finished_demo(base, background="flat" if not made else "busy", **made)
+    (base / "pretrain" / "checkpoints").mkdir(parents=True)
+    (base / "pretrain" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    monkeypatch.setattr(splitlab.cli, "lightning_main", started)
+    with pytest.raises(Started):
+        main(["demo", *(a.format(base=base, tmp=tmp_path) for a in argv)])

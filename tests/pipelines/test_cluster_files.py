@@ -65,7 +65,7 @@ def test_nodes_and_tasks_match_the_trainer(script: Path) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_gpu_check_without_a_gpu_stops_at_once_with_a_clear_message(tmp_path) -> None:
-    env = {**shutil.os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out")}
+    env = {**shutil.os.environ, "GPU_CHECK_PYTHON": sys.executable, "OUT": str(tmp_path / "out")}
     done = subprocess.run(["bash", str(GPU_CHECK)], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2
     assert (
@@ -145,8 +145,9 @@ def test_fsdp_config_shards_per_block() -> None:
     assert strategy.kwargs["use_orig_params"]
 
 
-def test_fsdp_mixed_precision_keeps_buffers_in_their_dtype() -> None:
-    """bf16 buffers would round the budgets (0.7 -> 0.69921875) and the λ controller's state."""
+def test_fsdp_mixed_precision_keeps_buffers_and_batches_in_their_dtype() -> None:
+    """bf16 buffers would round the budgets (0.7 -> 0.69921875) and the λ controller's state, and a
+    bf16 batch the targets (COCO boxes)."""
     from lightning.pytorch.plugins.precision import FSDPPrecision
 
     from splitlab.distributed import BlockFSDPStrategy
@@ -154,7 +155,7 @@ def test_fsdp_mixed_precision_keeps_buffers_in_their_dtype() -> None:
     strategy = BlockFSDPStrategy(precision_plugin=FSDPPrecision("bf16-mixed"))
     config = strategy.mixed_precision_config
     assert config.param_dtype == torch.bfloat16 and config.reduce_dtype == torch.bfloat16
-    assert config.buffer_dtype is None
+    assert config.buffer_dtype is None and not config.cast_root_forward_inputs
     assert BlockFSDPStrategy().mixed_precision_config.buffer_dtype is None  # 32-true
 
 

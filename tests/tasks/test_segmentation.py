@@ -74,16 +74,18 @@ def test_background_classes_must_be_classes() -> None:
     [(1, 1, False, True), (2, 1, False, False), (1, 2, False, True), (1, 2, True, False)],
     ids=["one-image", "two-images", "two-gpus-unsynced", "two-gpus-synced"],
 )
-def test_batchnorm_needs_two_images_per_normalisation(batch, world, synced, refused) -> None:
+def test_batchnorm_needs_two_images_per_normalisation(monkeypatch, batch, world, synced, refused) -> None:
     """Per rank without `sync_batchnorm`, over all ranks with it: a step of one image per BatchNorm fails."""
     from types import SimpleNamespace
 
-    task = SegmentationTask(num_classes=6, **{**TINY, "decode_head": {"channels": 16}})
-    task._trainer = SimpleNamespace(
-        state=SimpleNamespace(fn="fit"),
-        world_size=world,
-        _accelerator_connector=SimpleNamespace(sync_batchnorm=synced),
-    )
+    from lightning import Trainer
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    task = SegmentationTask(num_classes=6, **TINY)
+    trainer = Trainer(accelerator="cpu", devices=1, sync_batchnorm=synced, logger=False)
+    trainer.state.fn = TrainerFn.FITTING
+    monkeypatch.setattr(Trainer, "world_size", property(lambda self: world))
+    task.trainer = trainer
     data = SimpleNamespace(batch_size=batch, hparams={"batch_size": batch})
     if refused:
         with pytest.raises(
