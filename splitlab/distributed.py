@@ -31,8 +31,9 @@ class BlockFSDPStrategy(FSDPStrategy):
     gather/reshard would not allow. Their gradients are averaged by the task
     (`splitlab.tasks.training`), the blocks' by FSDP's reduce-scatter; gradient clipping counts
     both (`clip_grad_norm`). A YAML config cannot spell FSDP's wrap policy (a set of module
-    classes), hence this subclass. Lightning runs FSDP on GPUs only. ``NO_SHARD`` is refused (that
-    is DDP); the task finishes each backward itself (`sharded_backward`).
+    classes), hence this subclass. It also runs on CPU ranks (gloo; ``32-true`` precision), which
+    Lightning's own FSDP refuses: that is how the tests fit it without a GPU. ``NO_SHARD`` is
+    refused (that is DDP); the task finishes each backward itself (`sharded_backward`).
 
     Args:
         activation_checkpointing: recompute block activations in backward (saves memory on ViT-H / EVA-02-L).
@@ -80,6 +81,20 @@ class BlockFSDPStrategy(FSDPStrategy):
                     tensor.data = tensor.data.to(self.root_device)
             owned = {id(p): p for m in outside for p in m.parameters(recurse=False)}  # tied ones once
             self.kwargs["ignored_states"] = list(owned.values())
+            if self.root_device.type == "cpu":  # FSDP runs on CPU (gloo) when given the CPU as device;
+                model = FullyShardedDataParallel(  # Lightning gives it none and FSDP refuses
+                    module=model,
+                    cpu_offload=self.cpu_offload,
+                    mixed_precision=self.mixed_precision_config,
+                    sharding_strategy=self.sharding_strategy,
+                    device_id=torch.device("cpu"),
+                    **self.kwargs,
+                )
+                wrap_policy = self.kwargs.pop("auto_wrap_policy")  # applied: Lightning would warn
+                try:
+                    return super()._setup_model(model)
+                finally:
+                    self.kwargs["auto_wrap_policy"] = wrap_policy
         return super()._setup_model(model)
 
 
