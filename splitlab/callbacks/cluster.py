@@ -26,22 +26,31 @@ def _train_loaders(trainer: Trainer) -> list[Any]:
 
 
 class ResumePosition(Callback):
-    """On a mid-epoch restart, skip the samples the checkpoint already trained on.
+    """On a restart, draw the resumed epoch's samples, and on a mid-epoch one skip those already seen.
 
     Lightning restores the loop counters (the epoch continues at batch ``k``) but a plain
     DataLoader starts its epoch from the top again, so without this the resumed run would see
     ``k`` batches twice and miss ``k`` others. Samplers with a ``skip`` method
     (`splitlab.data.ResumableSampler`) leave out the first ``k * batch_size`` indices of the
     restarted epoch; the order itself is a function of (seed, epoch), so the rest matches the
-    uninterrupted run. `splitlab.tasks.SplitTask` adds this callback itself.
+    uninterrupted run. Lightning builds the epoch's iterator before this hook and before it sets the
+    sampler's epoch; DataLoader workers draw their first indices right then (epoch 0's order, no
+    skip), so the epoch is set here and the iterator built again. `splitlab.tasks.SplitTask` adds
+    this callback itself.
     """
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        if not trainer.fit_loop.restarting or done <= 0 or done >= trainer.num_training_batches:
+        loop = trainer.fit_loop
+        if not loop.restarting:
             return
+        done = loop.epoch_loop.batch_progress.current.processed
+        mid_epoch = 0 < done < trainer.num_training_batches
         for loader in _train_loaders(trainer):
             sampler = getattr(loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):  # the epoch Lightning will run (and set) next
+                sampler.set_epoch(loop.epoch_progress.current.processed)
+            if not mid_epoch:
+                continue
             if hasattr(sampler, "skip") and loader.batch_size:
                 sampler.skip(done * loader.batch_size)
                 rank_zero_info(f"splitlab: resuming epoch {trainer.current_epoch} after batch {done}")
@@ -54,6 +63,8 @@ class ResumePosition(Callback):
                     f"resuming mid-epoch at batch {done}, but the training sampler cannot skip what was seen: "
                     "the epoch restarts from its first batch (use splitlab.data.ResumableSampler)"
                 )
+        if loop._data_fetcher is not None:  # drop what workers drew before the epoch and skip were set
+            iter(loop._data_fetcher)
 
 
 class SlurmRequeue(GracefulStop):
@@ -65,7 +76,7 @@ class SlurmRequeue(GracefulStop):
     at the end of the batch the ranks agree, every rank takes part in ``trainer.save_checkpoint``
     to ``default_root_dir/hpc_ckpt_N.ckpt`` (where Lightning looks when the requeued job starts
     under SLURM), rank 0 runs ``scontrol requeue``, and training stops (exit 0: the job goes on
-    after the requeue). Registering the handler in ``setup`` keeps Lightning from installing its own.
+    after the requeue; 128 + signal, with a warning, when it could not be requeued). Registering the handler in ``setup`` keeps Lightning from installing its own.
 
     Args:
         signal_name: the signal SLURM sends (``--signal``), SIGUSR1 by default.
@@ -87,7 +98,19 @@ class SlurmRequeue(GracefulStop):
             job = os.environ.get("SLURM_ARRAY_JOB_ID")
             job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID", "")
             if re.fullmatch(r"[0-9_]+", job or ""):
-                result = subprocess.call(["scontrol", "requeue", job])
-                rank_zero_info(f"splitlab: scontrol requeue {job} -> {result}")
+                try:
+                    result = subprocess.call(["scontrol", "requeue", job])
+                except OSError as err:  # no scontrol inside this container, say
+                    result, why = None, f"{err}"
+                else:
+                    why = f"exit code {result}"
+                if result == 0:
+                    rank_zero_info(f"splitlab: scontrol requeue {job}: requeued")
+                    return
+                rank_zero_warn(
+                    f"scontrol requeue {job} failed ({why}): the job ends here, unfinished; resume it with "
+                    f"--ckpt_path {self.checkpoint}"
+                )
             else:
                 rank_zero_warn("SLURM requeue signal outside a SLURM job (no SLURM_JOB_ID): not requeued")
+            self.stopped_by = signum  # not requeued: exit 128 + signal, so SLURM marks the job failed

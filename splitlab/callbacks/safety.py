@@ -82,6 +82,12 @@ class GracefulStop(Callback):
         self.after_checkpoint(trainer, signum)
         self.received = None
         trainer.should_stop = True
+        # A stop ends the epoch early, and Lightning would then validate (minutes at paper scale, past a
+        # scheduler's grace period) and let ModelCheckpoint save the half epoch as a finished one. The
+        # checkpoint above is this step's: skip both.
+        trainer.fit_loop.epoch_loop._skip_next_val = True
+        for callback in trainer.checkpoint_callbacks:
+            callback._last_global_step_saved = trainer.global_step
 
     def checkpoint_path(self, trainer: Trainer) -> str:
         """``interrupted.ckpt`` beside the run's other checkpoints."""
@@ -95,7 +101,8 @@ class GracefulStop(Callback):
     def after_checkpoint(self, trainer: Trainer, signum: int) -> None:
         self.stopped_by = signum
         rank_zero_warn(
-            f"stopped by {signal.Signals(signum).name} after batch {trainer.global_step}: saved {self.checkpoint}; "
+            f"stopped by {signal.Signals(signum).name} in epoch {trainer.current_epoch} after batch "
+            f"{trainer.fit_loop.epoch_loop.batch_progress.current.processed}: saved {self.checkpoint}; "
             "resume with --ckpt_path last (or that file)"
         )
 
@@ -168,14 +175,19 @@ class AgreedCheckpointSave:
             strategy.save_checkpoint = cls(strategy)
 
     def __call__(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        error: OSError | None = None
+        error: Exception | None = None
         try:
             type(self.strategy).save_checkpoint(
                 self.strategy, checkpoint, filepath, storage_options=storage_options
             )
-        except OSError as err:
+        except Exception as err:  # any failure (a full disk, an unpicklable state) stops every rank alike
             error = err
-        problem = self.strategy.broadcast(None if error is None else str(error), src=0)
+        said = (
+            None
+            if error is None
+            else (str(error) if isinstance(error, OSError) else f"{type(error).__name__}: {error}")
+        )
+        problem = self.strategy.broadcast(said, src=0)
         if error is not None:
             raise error
         if problem is not None:

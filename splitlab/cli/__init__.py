@@ -171,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         c for c in getattr(getattr(cli, "trainer", None), "callbacks", []) if isinstance(c, GracefulStop)
     ]
     code = max((c.exit_code for c in stopped), default=0)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # not left to interpreter exit, whose order varies
+        dist.destroy_process_group()
     if code:
         sys.exit(code)
 

@@ -259,15 +259,17 @@ class SplitDataModule(LightningDataModule):
         batch_size = getattr(
             self, "batch_size", hp.batch_size
         )  # an attribute, so Lightning's tuner can scale it
+        sampler = ResumableSampler(dataset, hp.shuffle_seed) if shuffle else None
+        per_rank = len(sampler) if sampler is not None else len(dataset)  # under DDP a rank's share
         return DataLoader(
             dataset,
             batch_size=batch_size,
-            sampler=ResumableSampler(dataset, hp.shuffle_seed) if shuffle else None,
+            sampler=sampler,
             num_workers=hp.num_workers,
             persistent_workers=hp.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
             collate_fn=type(self).collate_fn,
-            drop_last=shuffle and len(dataset) > batch_size,
+            drop_last=shuffle and per_rank > batch_size,  # a short last batch, unless it is the only one
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -204,6 +204,23 @@ class CocoDetectionData(SplitDataModule):
             self.datasets["val"] = self._split(hp.val_images, hp.val_annotations, False)
         if stage == "fit" and "train" not in self.datasets:
             self.datasets["train"] = self._split(hp.train_images, hp.train_annotations, True)
+            self._check_same_categories()
+
+    def _check_same_categories(self) -> None:
+        """Labels are category ranks in each file: both files must list the same categories, or label
+        k would be one class in training and another in evaluation (a silently wrong mAP)."""
+        train, val = (self.datasets[key].dataset.coco.cats for key in ("train", "val"))
+        names = (
+            {cid: c.get("name") for cid, c in train.items()},
+            {cid: c.get("name") for cid, c in val.items()},
+        )
+        if names[0] != names[1]:
+            differ = sorted(set(names[0].items()) ^ set(names[1].items()), key=str)[:3]
+            raise ValueError(
+                f"{Path(self.hparams.root) / self.hparams.train_annotations} and "
+                f"{Path(self.hparams.root) / self.hparams.val_annotations} list different categories "
+                f"({len(names[0])} vs {len(names[1])}; e.g. {differ}): give both files the same categories"
+            )
 
     collate_fn = staticmethod(collate)
 

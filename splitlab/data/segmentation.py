@@ -102,8 +102,9 @@ def labels(
     if raw.ndim != 2:
         raise BadSample(f"annotation {name}: expected a single-channel index PNG, got shape {raw.shape}")
     classes = torch.from_numpy(raw.astype(np.int64))
-    if reduce_zero_label:
-        classes = torch.where(classes == 0, ignore_index, classes - 1)
+    if reduce_zero_label:  # as mmseg: 0 (unlabelled) and an ignore_index already there both stay ignored
+        unlabelled = (classes == 0) | (classes == ignore_index)
+        classes = torch.where(unlabelled, ignore_index, classes - 1)
     bad = (classes != ignore_index) & ((classes < 0) | (classes >= num_classes))
     if bad.any():
         top = int(classes[bad].max()) + (1 if reduce_zero_label else 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.helpers import launch, slurm_job, two_rank_args
@@ -58,3 +59,27 @@ def test_sigusr1_checkpoints_requeues_and_resumes_exactly(shapes_root, tmp_path)
         for key, value in ref["decision"].items():
             assert torch.equal(value, got["decision"][key]), key
         assert torch.equal(ref["backbone_head"], got["backbone_head"])
+
+
+@pytest.mark.parametrize("scontrol", ["#!/bin/sh\nexit 1\n", None], ids=["requeue-refused", "no-scontrol"])
+def test_a_job_that_could_not_be_requeued_warns_and_fails(tmp_path, monkeypatch, scontrol) -> None:
+    """Without the requeue the job ends unfinished: a warning naming the checkpoint, and exit 128 +
+    signal so that SLURM marks it failed (a missing scontrol, e.g. in a container, too)."""
+    import signal
+    from types import SimpleNamespace
+
+    from splitlab.callbacks import SlurmRequeue
+
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    if scontrol:
+        (fake_bin / "scontrol").write_text(scontrol)
+        (fake_bin / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake_bin))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    requeue = SlurmRequeue()
+    requeue.checkpoint = str(tmp_path / "hpc_ckpt_1.ckpt")
+    with pytest.warns(UserWarning, match=f"scontrol requeue 4242 failed .*--ckpt_path {requeue.checkpoint}"):
+        requeue.after_checkpoint(SimpleNamespace(is_global_zero=True), signal.SIGUSR1)
+    assert requeue.exit_code == 128 + signal.SIGUSR1

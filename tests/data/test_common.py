@@ -10,13 +10,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from splitlab.data import ResumableSampler, SeededIndex, SkipCorrupt
+from splitlab.data.common import SplitDataModule
 
 
 class RandomDraws(Dataset):
     """Each item: its index and one draw from each global generator, as a random transform makes."""
 
+    def __init__(self, size: int = 12) -> None:
+        self.size = size
+
     def __len__(self) -> int:
-        return 12
+        return self.size
 
     def __getitem__(self, index: int) -> torch.Tensor:
         return torch.tensor([float(index), torch.rand(()).item(), random.random(), np.random.rand()])
@@ -65,3 +69,21 @@ def test_seeded_samples_leave_the_cuda_generators_alone(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "manual_seed", lambda seed: reseeded.append(seed))
     SkipCorrupt(RandomDraws(), str)[SeededIndex(2, 99)]
     assert reseeded == []
+
+
+class TinyData(SplitDataModule):
+    def __init__(self, size: int, batch_size: int) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.hparams.update(num_workers=0, shuffle_seed=0)
+        self.datasets = {"train": SkipCorrupt(RandomDraws(size), str)}
+
+
+@pytest.mark.parametrize(("ranks", "batches"), [(1, 2), (4, 1)], ids=["one-process", "four-ranks"])
+def test_the_last_short_batch_is_dropped_only_when_a_rank_has_more(monkeypatch, ranks, batches) -> None:
+    """20 images in batches of 8: one process trains 2 full batches (the short third dropped); on 4
+    ranks each holds 5 images, so its one short batch is kept (dropping it left no batch at all)."""
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: ranks > 1)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: ranks)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    assert len(TinyData(20, 8).train_dataloader()) == batches

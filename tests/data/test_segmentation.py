@@ -40,3 +40,17 @@ def test_annotation_labels_above_num_classes(tmp_path) -> None:
         train[18]  # strict: the bad sample is an error, not skipped
     image, mask = train[0]  # good samples still read
     assert image.shape == (3, 64, 64) and mask.shape == (64, 64) and mask.max() < 5
+
+
+def test_reduce_zero_label_as_mmseg() -> None:
+    """0 (unlabelled) becomes the ignore index, the rest moves down by one, and a value already at the
+    ignore index stays ignored (mmseg's ``reduce_zero_label``), not class 254."""
+    import torch
+
+    from splitlab.data.segmentation import labels
+
+    raw = np.array([[0, 1, 150], [255, 2, 0]], dtype=np.uint8)
+    got = labels(raw, num_classes=150, ignore_index=255, reduce_zero_label=True, name="m.png")
+    assert torch.equal(got, torch.tensor([[255, 0, 149], [255, 1, 255]]))
+    kept = labels(raw, num_classes=151, ignore_index=255, reduce_zero_label=False, name="m.png")
+    assert torch.equal(kept, torch.from_numpy(raw.astype(np.int64)))

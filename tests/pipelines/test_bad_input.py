@@ -209,10 +209,24 @@ COCO = [
     ),
     (
         "num-classes",
-        lambda d, r: d["categories"].append({"id": 9, "name": "extra"}),
+        lambda d, r: (d["categories"].append({"id": 9, "name": "extra"}), val_doc(r, d["categories"])),
         "the data has 4 classes but model.init_args.num_classes=3",
     ),
+    (
+        "categories-differ",
+        lambda d, r: d["categories"][0].update(name="renamed"),
+        "instances_val2017.json list different categories (3 vs 3; e.g.",
+    ),
 ]
+
+
+def val_doc(root, categories=None) -> dict:
+    """The validation annotations (with ``categories``: rewritten with those categories)."""
+    path = root / "annotations" / "instances_val2017.json"
+    doc = json.loads(path.read_text())
+    if categories is not None:
+        path.write_text(json.dumps({**doc, "categories": categories}))
+    return doc
 
 
 @pytest.mark.parametrize(("edit", "message"), [c[1:] for c in COCO], ids=[c[0] for c in COCO])
@@ -436,7 +450,12 @@ def test_sigterm_leaves_a_checkpoint_and_last_resumes_the_unversioned_run(
     assert exit_.value.code == 128 + 15
     run = tmp_path / "run" / "version_0"
     assert (run / "checkpoints" / "interrupted.ckpt").is_file()
+    # the stop neither validated the half epoch nor saved it as a finished one
+    assert not list((run / "checkpoints").glob("epoch=1-*.ckpt"))
     before = list(csv.DictReader((run / "metrics.csv").open()))
+    assert not [
+        r for r in before if r.get("epoch") == "1" and any(k.startswith("val") and v for k, v in r.items())
+    ]
     main(["fit", *args, f"--trainer.callbacks={json.dumps([schedule, checkpoint])}", "--ckpt_path=last"])
     assert not (tmp_path / "run" / "version_1").exists()  # the same run continued
     rows = list(csv.DictReader((run / "metrics.csv").open()))

@@ -110,9 +110,13 @@ def test_resume_matches_the_uninterrupted_run(shapes_root, tmp_path, resume_epoc
 
 
 @pytest.mark.parametrize(
-    "name", ["mid-epoch=0-step=4", "mid-epoch=2-step=16"], ids=["mid-warm-start", "mid-ppo"]
+    ("name", "workers"),
+    [("mid-epoch=0-step=4", 0), ("mid-epoch=2-step=16", 0), ("mid-epoch=2-step=16", 1)],
+    ids=["mid-warm-start", "mid-ppo", "mid-ppo-with-a-worker"],
 )
-def test_mid_epoch_resume_continues_at_the_next_sample(shapes_root, tmp_path, name) -> None:
+def test_mid_epoch_resume_continues_at_the_next_sample(shapes_root, tmp_path, name, workers) -> None:
+    """The resumed run ends with the uninterrupted run's weights. With DataLoader workers, which draw
+    their first indices as Lightning builds the iterator (before the epoch is set), too."""
     # 3 batches per epoch; 2 optimizer steps per batch (warm start: task + policy; PPO: K = 2), so a
     # checkpoint every 4 steps lands after batch 2 of epoch 0 and after batch 2 of epoch 2
     mid = {
@@ -130,6 +134,7 @@ def test_mid_epoch_resume_continues_at_the_next_sample(shapes_root, tmp_path, na
         "--trainer.max_epochs=4",
         f"--trainer.callbacks={json.dumps(callbacks)}",
         "--model.init_args.eval_baselines=[]",
+        f"--data.init_args.num_workers={workers}",
     ]
     full = fit(shapes_root, tmp_path / "full", *args)
     ckpt = tmp_path / "full" / "checkpoints" / f"{name}.ckpt"
