@@ -76,7 +76,8 @@ class SlurmRequeue(GracefulStop):
     at the end of the batch the ranks agree, every rank takes part in ``trainer.save_checkpoint``
     to ``default_root_dir/hpc_ckpt_N.ckpt`` (where Lightning looks when the requeued job starts
     under SLURM), rank 0 runs ``scontrol requeue``, and training stops (exit 0: the job goes on
-    after the requeue; 128 + signal, with a warning, when it could not be requeued). Registering the handler in ``setup`` keeps Lightning from installing its own.
+    after the requeue; 128 + signal, with a warning, when it could not be requeued). Registering
+    the handler in ``setup`` keeps Lightning from installing its own.
 
     Args:
         signal_name: the signal SLURM sends (``--signal``), SIGUSR1 by default.

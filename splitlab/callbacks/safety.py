@@ -182,12 +182,8 @@ class AgreedCheckpointSave:
             )
         except Exception as err:  # any failure (a full disk, an unpicklable state) stops every rank alike
             error = err
-        said = (
-            None
-            if error is None
-            else (str(error) if isinstance(error, OSError) else f"{type(error).__name__}: {error}")
-        )
-        problem = self.strategy.broadcast(said, src=0)
+        said = str(error) if isinstance(error, OSError) else f"{type(error).__name__}: {error}"
+        problem = self.strategy.broadcast(None if error is None else said, src=0)
         if error is not None:
             raise error
         if problem is not None:

@@ -171,10 +171,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         c for c in getattr(getattr(cli, "trainer", None), "callbacks", []) if isinstance(c, GracefulStop)
     ]
     code = max((c.exit_code for c in stopped), default=0)
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():  # not left to interpreter exit, whose order varies
-        dist.destroy_process_group()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # not left to interpreter exit, whose order varies
     if code:
         sys.exit(code)
 

@@ -154,7 +154,8 @@ def load_task(path: str | Path, map_location: Any = "cpu") -> Any:
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r}: no such file")
-    meta = torch.load(file, map_location="cpu", weights_only=False).get("splitlab", {})
+    # mmap: the metadata without reading the weights, which load_from_checkpoint reads next
+    meta = torch.load(file, map_location="cpu", weights_only=False, mmap=True).get("splitlab", {})
     if "task_class" not in meta:
         raise ValueError(f"checkpoint {str(path)!r} was not written by a splitlab task")
     module, _, name = meta["task_class"].rpartition(".")
