@@ -44,12 +44,22 @@ def summary_record(
     }
 
 
+def finite_or_null(value: Any) -> Any:
+    """``value`` with every NaN or infinity (at any depth) as None, which strict JSON readers take."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_null(v) for v in value]
+    return value
+
+
 def write_summary(record: dict[str, Any], directory: str | Path) -> Path:
-    """Write `summary.json` (NaN as null, so any JSON reader takes it)."""
+    """Write `summary.json` (NaN and infinities as null, so any JSON reader takes it)."""
     path = Path(directory) / "summary.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    clean = json.loads(json.dumps(record, allow_nan=True).replace("NaN", "null"))
-    path.write_text(json.dumps(clean, indent=2) + "\n")
+    path.write_text(json.dumps(finite_or_null(record), indent=2, allow_nan=False) + "\n")
     return path
 
 
@@ -64,12 +74,18 @@ def format_table(record: dict[str, Any]) -> str:
         header,
         "-" * len(header),
     ]
+
+    def shown(value: Any, spec: str) -> str:
+        return (
+            "n/a"
+            if value is None or (isinstance(value, float) and math.isnan(value))
+            else format(value, spec)
+        )
+
     for name, row in record["policies"].items():
-        value = row["metric"]
-        shown = "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
         lines.append(
-            f"{name:<14} {shown:>10} {row['token_fraction_mean']:>10.3f} {row['token_fraction_std']:>8.3f} "
-            f"{row['images_per_second']:>10.1f}"
+            f"{name:<14} {shown(row['metric'], '.4f'):>10} {shown(row['token_fraction_mean'], '.3f'):>10} "
+            f"{shown(row['token_fraction_std'], '.3f'):>8} {shown(row['images_per_second'], '.1f'):>10}"
         )
     return "\n".join(lines)
 

@@ -166,6 +166,12 @@ def create_vit(model_name: str, pretrained: bool = False, checkpoint_path: str =
     return timm.create_model(model_name, pretrained=pretrained, checkpoint_path=checkpoint_path, **kwargs)
 
 
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype attention runs in: autocast's where it is on (the residual stream stays wider)."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+
+
 class PackedViT(nn.Module):
     """A timm `VisionTransformer` whose blocks run on a `TokenLayout`'s packed sequence.
 
@@ -299,13 +305,17 @@ class PackedViT(nn.Module):
         batch, prefix_len = layout.batch_size, self.num_prefix_tokens
         tokens = layout.tokens
         device = tokens.device
-        backend = resolve_backend(self.attn_backend, device, tokens.dtype)
+        backend = resolve_backend(self.attn_backend, device, compute_dtype(tokens))
         seq = PackedSequence.build([n + prefix_len for n in layout.seqlens], device, backend)
         token_rows = torch.arange(tokens.shape[0], device=device) + prefix_len * (layout.image_index + 1)
-        x = tokens.new_zeros(seq.total, tokens.shape[1]).index_copy(0, token_rows, tokens)
-        if prefix_len:
-            prefix = self.prefix_tokens(batch).to(tokens.dtype).reshape(-1, tokens.shape[1])
-            x = x.index_copy(0, self._prefix_rows(seq, device), prefix)
+        prefix = self.prefix_tokens(batch).reshape(-1, tokens.shape[1]) if prefix_len else None
+        # the wider of the two, as timm's concatenation of CLS and patch tokens promotes
+        dtype = tokens.dtype if prefix is None else torch.promote_types(tokens.dtype, prefix.dtype)
+        x = tokens.new_zeros(seq.total, tokens.shape[1], dtype=dtype).index_copy(
+            0, token_rows, tokens.to(dtype)
+        )
+        if prefix is not None:
+            x = x.index_copy(0, self._prefix_rows(seq, device), prefix.to(dtype))
         return x[None], seq, token_rows
 
     def forward(self, layout: TokenLayout, indices: int | Sequence[int] | None = None) -> PackedFeatures:

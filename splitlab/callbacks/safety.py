@@ -191,16 +191,42 @@ class AgreedCheckpointSave:
 
 
 class SkippedSamples(Callback):
-    """At the end of each training epoch, report the samples the data module skipped (unreadable images,
-    annotations that do not fit the settings): skipping keeps a long run alive, the report keeps it honest."""
+    """Report the samples the data module skipped (unreadable images, annotations that do not fit the
+    settings), summed over every rank: at the end of each training epoch, and at the end of
+    validate, test and predict runs. Skipping keeps a long run alive, the report keeps it honest."""
+
+    def __init__(self) -> None:
+        self.reported = False
+
+    def _report(self, trainer: Trainer, pl_module: LightningModule, when: str) -> None:
+        report = getattr(trainer.datamodule, "skipped_report", None)
+        if not callable(report):
+            return
+        message = report(lambda t: trainer.strategy.reduce(t.to(pl_module.device), reduce_op="sum").cpu())
+        if message:
+            self.reported = True
+            rank_zero_warn(f"{when}: {message}")
+
+    def _hint(self) -> None:
+        if self.reported:
+            rank_zero_info("splitlab: set data.init_args.strict=true to stop at the first bad sample instead")
+            self.reported = False
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        report = getattr(trainer.datamodule, "skipped_report", None)
-        message = report() if callable(report) else None
-        if message:
-            rank_zero_warn(f"epoch {trainer.current_epoch}: {message}")
+        self._report(trainer, pl_module, f"epoch {trainer.current_epoch}")
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        report = getattr(trainer.datamodule, "skipped_report", None)
-        if callable(report) and report():
-            rank_zero_info("splitlab: set data.init_args.strict=true to stop at the first bad sample instead")
+        self._hint()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "validate":  # in a fit, the epoch's report covers its validation
+            self._report(trainer, pl_module, "validate")
+            self._hint()
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._report(trainer, pl_module, "test")
+        self._hint()
+
+    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._report(trainer, pl_module, "predict")
+        self._hint()

@@ -111,8 +111,14 @@ class ImageClassificationData(SplitDataModule):
             self.classes = self.classes or list(dataset.classes)
             return SkipCorrupt(dataset, lambda i, ds=dataset: ds.samples[i][0], hp.strict)
         splits = self.hf_splits()
-        if name in splits and not self.classes:
-            self.classes = list(getattr(splits[name].features.get(hp.label_column), "names", None) or [])
+        if name in splits and not self.classes and hp.label_column in splits[name].column_names:
+            names = getattr(splits[name].features[hp.label_column], "names", None)
+            if (
+                not names
+            ):  # plain integer labels: the classes are 0..max, so the model is checked against them
+                top = max(splits[name][hp.label_column], default=-1)
+                names = [str(i) for i in range(int(top) + 1)]
+            self.classes = list(names)
 
         def convert(row: dict[str, Any], item: str) -> tuple[torch.Tensor, int]:
             return transform(row[hp.image_column].convert("RGB")), int(row[hp.label_column])
@@ -124,14 +130,12 @@ class ImageClassificationData(SplitDataModule):
         if "train" not in self.datasets:
             train = self._split(hp.train_split, training=True)
             if train is None:
-                raise FileNotFoundError(f"no {hp.train_split!r} split in {hp.root or hp.hf_dataset!r}")
+                raise self.missing_split("train_split", hp.train_split)
             self.datasets["train"] = train
         if "val" not in self.datasets:
             val = self._split(hp.val_split, training=False)
             if val is None:
-                raise FileNotFoundError(
-                    f"no {hp.val_split!r} split in {hp.root or hp.hf_dataset!r} (set data.val_split)"
-                )
+                raise self.missing_split("val_split", hp.val_split)
             self.datasets["val"] = val
         if stage in ("test", "predict") and "test" not in self.datasets:
             if stage == "test":

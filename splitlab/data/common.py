@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning import LightningDataModule
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision import tv_tensors
 from torchvision.transforms import v2
@@ -89,6 +90,17 @@ class BadSample(ValueError):
     differs from its image): skipped and counted like an unreadable image unless ``strict``."""
 
 
+# PIL's errors for unreadable images (a decompression bomb is an image too large to trust), bad labels
+UNUSABLE = (OSError, SyntaxError, Image.DecompressionBombError, BadSample)
+
+
+def shared_counter() -> tuple[Any, str]:
+    """A counter in shared memory and the start method of its context: the default one, read without
+    fixing it (``mp.Value`` would, and a later ``set_start_method`` would then fail)."""
+    method = mp.get_start_method(allow_none=True) or mp.get_all_start_methods()[0]
+    return mp.get_context(method).Value("i", 0), method
+
+
 class SkipCorrupt(Dataset):
     """Wraps a dataset whose items may fail: warn naming the file, count it, serve the next item.
 
@@ -112,7 +124,7 @@ class SkipCorrupt(Dataset):
         self.strict = strict
         self.max_skips = max_skips
         self.skipped: set[int] = set()
-        self.count = mp.Value("i", 0)
+        self.count, self.count_context = shared_counter()
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -127,7 +139,7 @@ class SkipCorrupt(Dataset):
                     with seeded_augmentation(index.seed + attempt):
                         return self.dataset[i]
                 return self.dataset[i]
-            except (OSError, SyntaxError, BadSample) as err:  # PIL's errors for unreadable images, bad labels
+            except UNUSABLE as err:
                 if self.strict:
                     raise BadSample(f"{self.describe(i)}: {err} (data.init_args.strict=true)") from None
                 with self.count.get_lock():
@@ -138,12 +150,19 @@ class SkipCorrupt(Dataset):
         raise RuntimeError(f"{self.max_skips + 1} consecutive unusable samples from {self.describe(index)}")
 
     def __getstate__(self) -> dict[str, Any]:
-        # forked DataLoader workers share the counter; spawned ones (pickled) count on their own
-        return {**self.__dict__, "count": None}
+        # Forked DataLoader workers inherit the shared counter. Spawned ones (the default start
+        # method on macOS, forkserver on Linux from Python 3.14) receive it pickled while the worker
+        # is being spawned, the one time a shared value may be pickled, unless it was made in a
+        # fork context (a loader whose multiprocessing_context differs from the default). Any
+        # other pickle (a deepcopy, a saved object), and those workers, count on their own.
+        spawning = mp.context.get_spawning_popen() is not None
+        shared = spawning and self.count_context != "fork"
+        return {**self.__dict__, "count": self.count if shared else None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.count = mp.Value("i", 0)
+        if self.count is None:
+            self.count, self.count_context = shared_counter()
 
     def take_count(self) -> int:
         """Samples skipped since the last call."""
@@ -161,7 +180,7 @@ class PadTo(v2.Transform):
         self.size, self.mask_fill, self.centre = size, mask_fill, centre
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
-        h, w = inpt.shape[-2:]
+        h, w = v2.functional.get_size(inpt)  # of the canvas for boxes, whose shape is (N, 4)
         extra_w, extra_h = max(self.size - w, 0), max(self.size - h, 0)
         left, top = (extra_w // 2, extra_h // 2) if self.centre else (0, 0)
         pad = [left, top, extra_w - left, extra_h - top]
@@ -245,10 +264,32 @@ class SplitDataModule(LightningDataModule):
         rows = HFRows(splits[name], columns, convert, f"data.hf_dataset={self.hparams.hf_dataset!r}[{name}]")
         return SkipCorrupt(rows, lambda i: f"{rows.name}[{i}]", self.hparams.get("strict", False))
 
-    def skipped_report(self) -> str | None:
-        """How many samples were skipped since the last report, or None."""
-        counts = {key: ds.take_count() for key, ds in self.datasets.items() if isinstance(ds, SkipCorrupt)}
-        counts = {key: n for key, n in counts.items() if n}
+    def missing_split(self, setting: str, name: str, under: str = "") -> FileNotFoundError:
+        """The error for a split that is not there, naming the setting and listing the splits that
+        are (``scene_parse_150`` on the hub calls ADE20K's ``training`` split ``train``)."""
+        hp = self.hparams
+        if hp.get("root") is not None:
+            folder = Path(hp.root) / under
+            have = sorted(d.name for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else []
+            where = f"data.root={hp.root!r}" + (f" ({under}/)" if under else "")
+        else:
+            have, where = sorted(self.hf_splits()), f"data.hf_dataset={hp.hf_dataset!r}"
+        return FileNotFoundError(f"data.{setting}={name!r}: no such split in {where}; splits: {have}")
+
+    def skipped_report(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> str | None:
+        """How many samples were skipped since the last report, or None.
+
+        Args:
+            reduce: sums a tensor over the DDP ranks (every rank must call then), so a file
+                skipped on any rank is counted, not only those rank 0 read.
+        """
+        keys = sorted(key for key, ds in self.datasets.items() if isinstance(ds, SkipCorrupt))
+        if not keys:
+            return None
+        taken = torch.tensor([self.datasets[key].take_count() for key in keys])
+        if reduce is not None:
+            taken = reduce(taken)
+        counts = {key: int(n) for key, n in zip(keys, taken.tolist(), strict=True) if n}
         if not counts:
             return None
         listing = ", ".join(f"{n} in {key}" for key, n in counts.items())

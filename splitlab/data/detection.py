@@ -66,12 +66,15 @@ def load_coco(annotations: Path, images: Path) -> tuple[Any, list[int], dict[int
     for ann in coco.dataset.get("annotations", []):
         img = coco.imgs[ann["image_id"]]
         x, y, w, h = ann["bbox"]
-        if w <= 0 or h <= 0 or x < 0 or y < 0 or x + w > img["width"] + 1e-3 or y + h > img["height"] + 1e-3:
+        # a box reaching past the border is kept (the letterbox clamps it, as COCO's rounding
+        # needs); one with no area inside the image cannot be trained on or matched
+        inside = x < img["width"] and y < img["height"] and x + w > 0 and y + h > 0
+        if w <= 0 or h <= 0 or not inside:
             ann["_splitlab_drop"] = True
             dropped += 1
     if dropped:
         warnings.warn(
-            f"{annotations}: dropped {dropped} annotation(s) with zero area or boxes outside the image",
+            f"{annotations}: dropped {dropped} annotation(s) with zero area or boxes wholly outside the image",
             stacklevel=2,
         )
     categories = {cid: i + 1 for i, cid in enumerate(sorted(coco.cats))}
@@ -137,7 +140,9 @@ def _per_box_fields(inputs: Any) -> tuple[torch.Tensor, ...]:
 
 
 class _Letterbox(v2.Compose):
-    """Resize the longer side to ``size``, pad bottom/right to a square, drop degenerate boxes."""
+    """Resize the longer side to ``size``, pad bottom/right to a square, clamp boxes to the image;
+    for training (``flip``) also flip and drop boxes under a pixel, which the losses cannot use.
+    Evaluation keeps every ground-truth box, so the mAP is taken on the annotations as given."""
 
     def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], flip: bool) -> None:
         steps: list[Any] = [v2.RandomHorizontalFlip()] if flip else []
@@ -147,8 +152,9 @@ class _Letterbox(v2.Compose):
             v2.Normalize(mean, std),
             PadTo(size),
             v2.ClampBoundingBoxes(),
-            v2.SanitizeBoundingBoxes(min_size=1.0, labels_getter=_per_box_fields),
         ]
+        if flip:
+            steps.append(v2.SanitizeBoundingBoxes(min_size=1.0, labels_getter=_per_box_fields))
         super().__init__(steps)
         self.size = size
 

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from splitlab.data.common import BadSample, PadTo, SkipCorrupt, SplitDataModule, require_dir
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+CHECKED_LABELS = 16  # masks whose labels are read before training (all sizes are, from the headers)
 
 
 class SegmentationFolder(Dataset):
@@ -37,7 +38,7 @@ class SegmentationFolder(Dataset):
         ignore_index: int,
         transform: Any,
         reduce_zero_label: bool = True,
-        checked_labels: int = 16,
+        checked_labels: int = CHECKED_LABELS,
     ) -> None:
         files = sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
@@ -57,20 +58,29 @@ class SegmentationFolder(Dataset):
 
     def check(self, labelled: int) -> None:
         """Before training: every mask has its image's size (headers only, cheap), and the first
-        ``labelled`` masks hold only labels below ``num_classes``. Later bad masks are skipped and
-        counted (`BadSample`), so one bad file among thousands cannot stop a long run."""
+        ``labelled`` masks hold only labels below ``num_classes``. Later bad masks, and unreadable
+        files anywhere, are skipped and counted when read (`SkipCorrupt`), so one bad file among
+        thousands cannot stop a long run."""
         pairs = self.pairs
         progress = tqdm(pairs, desc=f"checking {len(pairs)} masks", disable=len(pairs) < 2000, leave=False)
         for image_path, ann_path in progress:
-            with Image.open(image_path) as image, Image.open(ann_path) as mask:
+            try:
+                image, mask = Image.open(image_path), Image.open(ann_path)
+            except (OSError, SyntaxError):  # unreadable: skipped and counted when read (or strict's error)
+                continue
+            with image, mask:
                 if image.size != mask.size:
                     raise ValueError(
                         f"annotation {ann_path}: size {mask.size[1]}x{mask.size[0]} differs from its image "
                         f"{image_path.name} ({image.size[1]}x{image.size[0]})"
                     )
         for _, ann_path in pairs[:labelled]:
+            try:
+                raw = np.asarray(Image.open(ann_path))
+            except (OSError, SyntaxError):
+                continue
             labels(
-                np.asarray(Image.open(ann_path)),
+                raw,
                 self.num_classes,
                 self.ignore_index,
                 self.reduce_zero_label,
@@ -138,7 +148,9 @@ class ADE20KData(SplitDataModule):
 
     Training: random rescale (``scale_range`` of ``img_size``), random ``img_size`` crop (padded
     with ignore), horizontal flip. Evaluation: longer side resized to ``img_size``, padded to a
-    square (padding is ignored by the metrics).
+    square (padding is ignored by the metrics). The mIoU is therefore taken on masks at that
+    resolution (nearest-neighbour resized), where mmseg's ADE20K evaluation resizes the logits
+    back to each image's original size: close, but not digit for digit the published protocol.
 
     Args:
         root: dataset root with ``images/`` and ``annotations/``.
@@ -226,7 +238,23 @@ class ADE20KData(SplitDataModule):
             image, raw = row[hp.image_column].convert("RGB"), np.asarray(row[hp.label_column])
             return encode(image, raw, hp.num_classes, hp.ignore_index, hp.reduce_zero_label, transform, item)
 
-        return self.hf_rows(name, (hp.image_column, hp.label_column), convert)
+        rows = self.hf_rows(name, (hp.image_column, hp.label_column), convert)
+        if rows is not None:  # as the folder's check: the first rows' labels and sizes, before training
+            split = rows.dataset.split
+            for index in range(min(CHECKED_LABELS, len(split))):
+                item = f"{rows.dataset.name}[{index}]"
+                try:
+                    row = split[index]
+                except (OSError, SyntaxError):  # an undecodable image: skipped and counted when read
+                    continue
+                raw = np.asarray(row[hp.label_column])
+                labels(raw, hp.num_classes, hp.ignore_index, hp.reduce_zero_label, item)
+                width, height = row[hp.image_column].size
+                if raw.shape[:2] != (height, width):
+                    raise ValueError(
+                        f"annotation {item}: size {raw.shape[0]}x{raw.shape[1]} differs from its image ({height}x{width})"
+                    )
+        return rows
 
     @property
     def num_classes(self) -> int:
@@ -234,9 +262,9 @@ class ADE20KData(SplitDataModule):
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
-        for key, name, training in (("train", hp.train_split, True), ("val", hp.val_split, False)):
+        for key, setting, training in (("train", "train_split", True), ("val", "val_split", False)):
             if key not in self.datasets:
-                ds = self._split(name, training)
+                ds = self._split(hp[setting], training)
                 if ds is None:
-                    raise FileNotFoundError(f"no {name!r} split in {hp.root or hp.hf_dataset!r}")
+                    raise self.missing_split(setting, hp[setting], under="images")
                 self.datasets[key] = ds

@@ -373,12 +373,6 @@ class VQAv2Data(SplitDataModule):
             ]
         )
 
-    def _exists(self, name: str) -> bool:
-        hp = self.hparams
-        if hp.root is not None:
-            return questions_file(Path(hp.root), name).is_file()
-        return name in self.hf_splits()
-
     def _split(self, name: str, answers: bool = True) -> Dataset:
         hp = self.hparams
         if hp.root is not None:
@@ -407,7 +401,7 @@ class VQAv2Data(SplitDataModule):
             return
         if "val" not in self.datasets:
             self.datasets["val"] = self._split(hp.val_split)
-        if "train" not in self.datasets and (stage == "fit" or self._exists(hp.train_split)):
+        if "train" not in self.datasets and stage == "fit":  # validate and test read no training questions
             self.datasets["train"] = self._split(hp.train_split)
 
     collate_fn = staticmethod(collate)

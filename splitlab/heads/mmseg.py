@@ -70,6 +70,12 @@ def import_mmseg() -> Any:
     return MODELS
 
 
-def build_mmseg_head(config: dict[str, Any]) -> Any:
-    """An mmseg decode head (``nn.Module``) from its registry dict, e.g. ``{"type": "UPerHead", ...}``."""
-    return import_mmseg().build(config)
+def build_mmseg_head(config: dict[str, Any], setting: str = "decode_head") -> Any:
+    """An mmseg decode head (``nn.Module``) from its registry dict, e.g. ``{"type": "UPerHead", ...}``;
+    a config mmseg cannot build is refused naming ``setting``, the config and mmseg's reason."""
+    models = import_mmseg()
+    try:
+        return models.build(config)
+    except (TypeError, KeyError, AssertionError, ValueError) as err:
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{setting}: mmseg cannot build a {config.get('type')} from it: {reason}") from err

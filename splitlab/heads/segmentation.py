@@ -20,6 +20,23 @@ UPERNET = {
     "norm_cfg": {"type": "BN", "requires_grad": True},
     "align_corners": False,
 }
+ANY_HEAD = {  # what every mmseg decode head takes, for heads other than the two defaults
+    "channels": 256,
+    "dropout_ratio": 0.1,
+    "norm_cfg": {"type": "BN", "requires_grad": True},
+    "align_corners": False,
+}
+# mmseg heads that read every pyramid level themselves (they fix input_transform='multiple_select');
+# any other head gets the levels resized and concatenated unless its config says otherwise
+MULTI_LEVEL_HEADS = {
+    "UPerHead",
+    "FPNHead",
+    "SegformerHead",
+    "LightHamHead",
+    "SETRMLAHead",
+    "EncHead",
+    "ANNHead",
+}
 FCN_AUX = {
     "type": "FCNHead",
     "in_index": 2,
@@ -30,6 +47,14 @@ FCN_AUX = {
     "norm_cfg": {"type": "BN", "requires_grad": True},
     "align_corners": False,
 }
+
+
+def head_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> dict[str, Any]:
+    """``given`` over ``defaults`` when it names the same head type (or none), else over the settings
+    every head takes: UPerHead's pool scales mean nothing to (and break) an FCNHead."""
+    given = dict(given or {})
+    base = defaults if given.get("type", defaults["type"]) == defaults["type"] else ANY_HEAD
+    return {**base, **given}
 
 
 def pixel_cross_entropy(logits: Tensor, masks: Tensor, ignore_index: int) -> Tensor:
@@ -44,7 +69,8 @@ class SegmentationHead(nn.Module):
     """Feature pyramid + an mmseg decode head (UPerHead by default) and an optional auxiliary head.
 
     Any mmseg decode head can be named by its registry dict (``decode_head: {type: ...}``); its
-    ``in_channels``, ``in_index`` and ``num_classes`` are filled in.
+    ``num_classes`` is filled in, and ``in_channels`` and ``in_index`` (every pyramid level, resized
+    and concatenated for single-input heads such as FCNHead or ASPPHead) unless given.
 
     Args:
         pyramid: the feature pyramid (`SimpleFeaturePyramid.for_backbone`).
@@ -64,13 +90,22 @@ class SegmentationHead(nn.Module):
         super().__init__()
         self.pyramid = pyramid
         channels, levels = pyramid.out_channels, len(pyramid.scales)
-        decode = {**UPERNET, **(decode_head or {})}
-        decode.update(in_channels=[channels] * levels, in_index=list(range(levels)), num_classes=num_classes)
-        self.decode = build_mmseg_head(decode)
+        decode = head_config(UPERNET, decode_head)
+        decode.update(num_classes=num_classes)
+        decode.setdefault("in_index", list(range(levels)))
+        if isinstance(decode["in_index"], int):
+            decode.setdefault("in_channels", channels)
+        else:
+            decode.setdefault("in_channels", [channels] * len(decode["in_index"]))
+            if decode["type"] not in MULTI_LEVEL_HEADS:
+                decode.setdefault("input_transform", "resize_concat")
+        self.decode = build_mmseg_head(decode, "model.init_args.decode_head")
         if auxiliary_head is not None:
-            aux = {**FCN_AUX, **auxiliary_head}
-            aux.update(in_channels=channels, num_classes=num_classes)
-            self.aux = build_mmseg_head(aux)
+            aux = head_config(FCN_AUX, auxiliary_head)
+            aux.update(num_classes=num_classes)
+            aux.setdefault("in_index", FCN_AUX["in_index"])
+            aux.setdefault("in_channels", channels)
+            self.aux = build_mmseg_head(aux, "model.init_args.auxiliary_head")
         else:
             self.aux = None
 

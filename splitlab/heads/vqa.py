@@ -109,11 +109,20 @@ def build_tokenizer(name: str) -> Any:
     return AutoTokenizer.from_pretrained(name)
 
 
-def build_language_model(lm: str | dict[str, Any], vocab_size: int | None = None) -> tuple[nn.Module, dict]:
+def build_language_model(
+    lm: str | dict[str, Any], vocab_size: int | None = None, dtype: torch.dtype | None = None
+) -> tuple[nn.Module, dict]:
     """A causal LM by hub name or local folder, or built (random init) from a config dict.
 
     A LLaVA checkpoint (e.g. ``llava-hf/llava-1.5-7b-hf``) gives its language model; its projector's
     weights come back as the second value (empty otherwise), to load into `VisualProjector`.
+
+    Args:
+        lm: hub name, local folder or config dict.
+        vocab_size: the vocabulary of a config-built LM.
+        dtype: the weights' dtype; by default the checkpoint's own (LLaVA-1.5: float16, half the
+            memory of a frozen LM). An LM that trains needs float32: AdamW on float16 weights
+            turns every zero-gradient entry into NaN (its eps rounds to 0).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -124,11 +133,12 @@ def build_language_model(lm: str | dict[str, Any], vocab_size: int | None = None
             settings.setdefault("vocab_size", vocab_size)
         return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **settings)), {}
     config = AutoConfig.from_pretrained(lm)
+    weights_dtype = dtype or "auto"
     if getattr(config, "model_type", "") != "llava":
-        return AutoModelForCausalLM.from_pretrained(lm), {}
+        return AutoModelForCausalLM.from_pretrained(lm, dtype=weights_dtype), {}
     from transformers import LlavaForConditionalGeneration
 
-    llava = LlavaForConditionalGeneration.from_pretrained(lm)
+    llava = LlavaForConditionalGeneration.from_pretrained(lm, dtype=weights_dtype)
     # The causal-LM shell is built on the meta device and takes LLaVA's own modules, so the 7B
     # weights exist once (not a second float32 copy); the vision tower is freed with `llava`.
     with torch.device("meta"):
@@ -165,8 +175,10 @@ def with_lora(lm: nn.Module, settings: dict[str, Any]) -> nn.Module:
 
 
 def lora_adapters(lm: nn.Module) -> list[nn.Module]:
-    """The LoRA adapter weights inside ``lm`` (what a LoRA fine-tune trains); empty without LoRA."""
-    return [m for name, m in lm.named_modules() if name.rsplit(".", 1)[-1] in ("lora_A", "lora_B")]
+    """The LoRA adapters inside ``lm`` (what a LoRA fine-tune trains: their weights, and their dropout
+    switched on while they train); empty without LoRA."""
+    kinds = ("lora_A", "lora_B", "lora_dropout")
+    return [m for name, m in lm.named_modules() if name.rsplit(".", 1)[-1] in kinds]
 
 
 class LanguageBridge(nn.Module):
@@ -226,12 +238,13 @@ class LanguageBridge(nn.Module):
         visual: Sequence[Tensor],
         questions: Sequence[Sequence[str]],
         answers: Sequence[Sequence[str]] | None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
         """Left-padded prompt embeddings of every question, its image's visual tokens spliced in.
 
         Returns:
             ``inputs_embeds (Q, L, E)``, ``attention_mask (Q, L)``, ``labels (Q, L)`` (-100 except
-            the answer tokens) and ``owner (Q,)``, the image of each question.
+            the answer tokens), ``owner (Q,)``, the image of each question, and the longest answer
+            in tokens (left padding puts every answer in the last that many positions).
         """
         embed = self.lm.get_input_embeddings()
         device, dtype = embed.weight.device, embed.weight.dtype
@@ -253,19 +266,24 @@ class LanguageBridge(nn.Module):
                 targets.append(labels)
                 owner.append(i)
         inputs, mask = causal_inputs(rows)
-        return inputs, mask, left_pad(targets, value=-100), torch.tensor(owner, device=device)
+        longest = max((int((t != -100).sum()) for t in targets), default=0) if answers is not None else 0
+        return inputs, mask, left_pad(targets, value=-100), torch.tensor(owner, device=device), longest
 
     def per_image_loss(
         self, visual: Sequence[Tensor], questions: Sequence[Sequence[str]], answers: Sequence[Sequence[str]]
     ) -> Tensor:
         """Each image's loss, ``(B,)``: the mean over its questions of the mean teacher-forced NLL of the
         answer tokens (so an image with many questions does not weigh more)."""
-        inputs, mask, labels, owner = self.prompts(visual, questions, answers)
+        inputs, mask, labels, owner, longest = self.prompts(visual, questions, answers)
+        # Vocabulary logits for the answer positions only: every position of every rollout in float32
+        # would take ~10 GB at LLaVA scale (160 prompts x 450 positions x 32k words).
+        keep = longest + 1
         logits = self.lm(
-            inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids(mask)
+            inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids(mask), logits_to_keep=keep
         ).logits.float()
-        nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")
-        counted = (labels[:, 1:] != -100).float()
+        labels = labels[:, -longest:] if longest else labels[:, :0]
+        nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels, reduction="none")
+        counted = (labels != -100).float()
         per_question = (nll * counted).sum(1) / counted.sum(1).clamp(min=1)
         per_image = torch.zeros(len(visual), device=per_question.device).index_add(0, owner, per_question)
         count = torch.zeros(len(visual), device=per_question.device).index_add(
@@ -276,7 +294,7 @@ class LanguageBridge(nn.Module):
     @torch.no_grad()
     def answer(self, visual: Sequence[Tensor], questions: Sequence[Sequence[str]]) -> list[list[str]]:
         """Greedy answers, batched over every question of every image (left-padded prompts)."""
-        inputs, mask, _, owner = self.prompts(visual, questions, None)
+        inputs, mask, _, owner, _ = self.prompts(visual, questions, None)
         out = self.lm.generate(
             inputs_embeds=inputs,
             attention_mask=mask,

@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 
 from splitlab.data import SeededIndex
-from splitlab.tokenizer import calibrate_threshold, fraction_of
+from splitlab.tokenizer import calibrate_threshold, entropy_scores, fraction_of, level_thresholds
 
 
 class BudgetTraining:
@@ -49,10 +49,15 @@ class BudgetTraining:
         ``calibration_images`` training images (the same ones every time, with the training
         transforms) through embedding and decision module only, no backbone. The global RNG is
         forked, so training randomness is unchanged; under DDP the cuts are averaged over ranks.
+        With ``policy: entropy`` the same sample sets APT's fixed per-level entropy cuts
+        (`level_thresholds`), once: they read pixels only.
         """
         count = int(self.hparams.calibration_images)
         loader = self.trainer.train_dataloader if self._trainer is not None else None
-        if count <= 0 or self.deployed_policy != "learned" or not isinstance(loader, DataLoader):
+        learned = self.deployed_policy == "learned"
+        # APT's cuts read pixels only: set once per budget (also before a dense stage ends)
+        apt = self.hparams.policy == "entropy" and not self.apt_ready(self.target_fraction)
+        if count <= 0 or not (learned or apt) or not isinstance(loader, DataLoader):
             return
         dataset = loader.dataset
         order = torch.randperm(
@@ -67,13 +72,25 @@ class BudgetTraining:
         )
         points = self.tokenizer.operating_points
         logits: list[list[list[Tensor]]] = [[] for _ in range(len(points.budgets))]
+        entropies: list[list[Tensor]] = []
+        mean, std = self.normalisation
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), self.trainer.precision_plugin.forward_context():
             for batch in sample:
                 images, _ = self.split_batch(self.transfer_batch_to_device(batch, self.device, 0))
+                if apt:
+                    entropies.append(entropy_scores(images, self.levels, mean=mean, std=std))
+                if not learned:
+                    continue
                 tokens, _ = self.tokenizer.embed(images, self.backbone)
                 for point, budget in enumerate(points.budgets.tolist()):
                     logits[point].append(self.tokenizer.decision_logits(tokens, budget))
+        if apt:
+            per_level = [torch.cat(level) for level in zip(*entropies, strict=True)]
+            self.apt_cuts.copy_(self._mean_over_ranks(level_thresholds(per_level, self.target_fraction)))
+            self.apt_fraction.fill_(self.target_fraction)
+        if not learned:
+            return
         for point, budget in enumerate(points.budgets.tolist()):
             per_level = [torch.cat(level) for level in zip(*logits[point], strict=True)]
             points.set(point, calibrate_threshold(per_level, budget), self._mean_over_ranks)

@@ -90,6 +90,13 @@ class DetectionTask(DenseTask):
 
     def configure_head(self) -> DetectionHead:
         hp = self.hparams
+        patch = self.backbone.patch_size
+        if patch & (patch - 1):
+            raise ValueError(
+                f"a {patch}-px patch gives pyramid strides {patch / 4:g}-{patch * 2:g} px, but torchvision's "
+                "RoIAlign and anchors assume powers of two (boxes would be read 12% off): set "
+                "model.init_args.backbone_kwargs.patch_size=16 (timm resamples the patch embedding)"
+            )
         return DetectionHead(
             self.build_pyramid(),
             hp.num_classes,

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from splitlab.metrics import timed
 from splitlab.report import format_table, summary_record, write_summary
-from splitlab.tokenizer import baseline_scores
+from splitlab.tokenizer import baseline_scores, entropy_scores
 
 
 def slot(name: str) -> str:
@@ -40,11 +40,23 @@ class PolicyEvaluation:
         self, policy: str, images: Tensor, fraction: float, generator: torch.Generator
     ) -> tuple[list[Tensor], float]:
         """A baseline's (entropy, random, ...) split scores and cut at ``fraction``, its pixel
-        statistics read in the images' own normalisation."""
+        statistics read in the images' own normalisation.
+
+        APT as the trained policy (``policy: entropy``) splits at its fixed per-level cuts, set on
+        the calibration sample (`recalibrate`), so each image's layout is its own; the comparison
+        rows of a learned run are calibrated on each batch, to the learned layout's fraction.
+        """
         mean, std = self.normalisation
+        if policy == "entropy" == self.hparams.policy and self.apt_ready(fraction):
+            scores = entropy_scores(images, self.levels, mean=mean, std=std)
+            return [level - cut for level, cut in zip(scores, self.apt_cuts, strict=True)], 0.0
         return baseline_scores(
             policy, images, self.levels, fraction=fraction, generator=generator, mean=mean, std=std
         )
+
+    def apt_ready(self, fraction: float) -> bool:
+        """Whether APT's fixed cuts are set for ``fraction`` (False while they are NaN)."""
+        return abs(float(self.apt_fraction) - fraction) < 1e-6
 
     def policy_names(self) -> list[str]:
         """Rows of the comparison: the learned policy and each baseline, then the same at every
@@ -102,6 +114,10 @@ class PolicyEvaluation:
     def _record(self, stat: Any, outputs: Any, targets: Any, layout: Any, seconds: float) -> None:
         stat.update_layout(layout.fraction, seconds)
         self.update_metrics(stat.metrics, outputs, targets, layout)
+
+    def on_train_start(self) -> None:
+        if self.hparams.policy == "entropy":  # APT trains at its fixed cuts too
+            self.recalibrate()
 
     def on_validation_start(self) -> None:
         if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:

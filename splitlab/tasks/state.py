@@ -47,7 +47,16 @@ class TaskState:
         return self.hparams.get("num_classes")
 
     def setup(self, stage: str) -> None:
-        dm = self.trainer.datamodule if self._trainer is not None else None
+        if self._trainer is None:
+            return
+        precision = str(self.trainer.precision)
+        if stage == "fit" and precision.startswith("16"):
+            raise ValueError(
+                f"trainer.precision={precision}: float16 training is not supported (two optimisers step per "
+                "batch, task and policy, and Lightning's manual optimisation neither unscales before clipping "
+                "nor updates the loss scale once for both): use bf16-mixed (the recipes') or 32-true"
+            )
+        dm = self.trainer.datamodule
         if dm is not None:
             self.check_data(dm)
 
@@ -102,7 +111,13 @@ class TaskState:
         if not file.is_file():
             raise FileNotFoundError(f"init_checkpoint={path!r}: no such file")
         saved = torch.load(file, map_location="cpu", weights_only=False)
-        policy = ("tokenizer.decision.", "tokenizer.operating_points.", "controller.", "budget_sampler.")
+        policy = (
+            "tokenizer.decision.",
+            "tokenizer.operating_points.",
+            "controller.",
+            "budget_sampler.",
+            "apt_",
+        )
         state = {k: v for k, v in saved.get("state_dict", saved).items() if not k.startswith(policy)}
         self._fill_rebuilt(state, saved.get("splitlab", {}), f"init_checkpoint={path!r}")
         missing, unexpected = self.load_state_dict(state, strict=False)
@@ -141,6 +156,8 @@ class TaskState:
         state = checkpoint.get("splitlab", {})
         if "state_dict" in checkpoint:
             self._fill_rebuilt(checkpoint["state_dict"], state, "the checkpoint")
+            for key in ("apt_cuts", "apt_fraction"):  # checkpoints older than APT's fixed cuts: not set
+                checkpoint["state_dict"].setdefault(key, getattr(self, key).clone())
         if "stage" in state:
             self.stage = state["stage"]
         states = state.get("generators", [state["generator"]] if "generator" in state else [])

@@ -73,7 +73,9 @@ class VQATask(SplitTask):
     def configure_head(self) -> VQAHead:
         hp = self.hparams
         text = build_tokenizer(hp.tokenizer)
-        language, projector = build_language_model(hp.lm, vocab_size=len(text))
+        language, projector = build_language_model(
+            hp.lm, vocab_size=len(text), dtype=torch.float32 if hp.train_lm else None
+        )
         depth = self.backbone.depth
         if not -depth <= hp.feature_block < depth:
             raise ValueError(f"feature_block={hp.feature_block} out of range for a {depth}-block backbone")
@@ -112,6 +114,9 @@ class VQATask(SplitTask):
         super().train(mode)
         if not self.hparams.train_lm:
             self.head.bridge.lm.eval()  # frozen: no dropout
+            if mode and self.stage != "ppo":  # but LoRA's adapters train, with their own dropout
+                for module in lora_adapters(self.head.bridge.lm):
+                    module.train()
         return self
 
     def backbone_indices(self) -> list[int]:

@@ -15,6 +15,7 @@ from splitlab.tokenizer.baselines import (
     entropy_scores,
     expected_random_fraction,
     level_quantiles,
+    level_thresholds,
     patch_entropy,
     random_split_rate,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "fraction_of",
     "leaf_masks",
     "level_quantiles",
+    "level_thresholds",
     "patch_entropy",
     "random_split_rate",
     "warm_start_labels",

@@ -134,6 +134,9 @@ def random_scores(
     ]
 
 
+CANDIDATES_AT_ONCE = 16  # bounds calibration's memory: all 257 at once took 6 GB on 512 COCO images
+
+
 def calibrate_threshold(scores: Sequence[Tensor], target: float, rounds: int = 2, points: int = 257) -> float:
     """The threshold whose layouts ("split where score > t") have mean token fraction closest to ``target``.
 
@@ -152,8 +155,12 @@ def calibrate_threshold(scores: Sequence[Tensor], target: float, rounds: int = 2
     best = candidates[0]
     for _ in range(rounds):
         candidates = candidates.unique()
-        t = candidates.view(-1, 1, 1, 1)
-        fractions = fraction_of([s.float()[None] > t for s in scores]).mean(-1)
+        fractions = torch.cat(  # a few candidates at a time: each is a (B, h, w) mask per level
+            [
+                fraction_of([s.float()[None] > t.view(-1, 1, 1, 1) for s in scores]).mean(-1)
+                for t in candidates.split(CANDIDATES_AT_ONCE)
+            ]
+        )
         error = (fractions - target).abs()
         i = int(error.argmin())
         best = candidates[i]
@@ -161,6 +168,24 @@ def calibrate_threshold(scores: Sequence[Tensor], target: float, rounds: int = 2
         hi = candidates[min(i + 1, candidates.numel() - 1)]
         candidates = torch.linspace(float(lo), float(hi), points, device=values.device)
     return float(best)
+
+
+def level_thresholds(scores: Sequence[Tensor], target: float) -> Tensor:
+    """APT's fixed per-level thresholds: raw entropy cuts, one per level, that meet ``target`` on a
+    calibration sample (``scores``: each level's entropies over the sample).
+
+    The cut is the same quantile of every level (as on a batch, `calibrate_threshold` over
+    `level_quantiles`), turned into each level's raw entropy: split where entropy > cut. Fixed
+    cuts make an image's layout its own, whatever else is in its batch (a batch of one image
+    calibrated alone would get the target fraction whatever its content).
+    """
+    ranks = level_quantiles(scores)
+    share = calibrate_threshold(ranks, target)
+    cuts = []
+    for level, rank in zip(scores, ranks, strict=True):
+        kept = level.float()[rank <= share]  # those the quantile cut leaves coarse
+        cuts.append(kept.max() if kept.numel() else level.float().min() - 1.0)
+    return torch.stack(cuts)
 
 
 def baseline_scores(

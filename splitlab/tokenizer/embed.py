@@ -80,9 +80,13 @@ class MultiScalePatchEmbed(nn.Module):
             content.insert(0, raw[0] + self.child_proj[k](children))
         tokens = []
         for k, c in enumerate(content):
+            # Added uncast, as timm adds its position embedding: under autocast the patch embedding
+            # is bf16 and the float32 embeddings promote the sum, so the residual stream that enters
+            # the blocks stays float32 as in timm's own forward (bf16 throughout drifted 3x further
+            # from the float32 model than timm's bf16 forward does, and broke uniform equivalence).
             pos = source.pos_embed_grid((c.shape[1], c.shape[2]))
-            t = c if pos is None else c + pos.to(c.dtype)
+            t = c if pos is None else c + pos
             if k < self.levels.num - 1:
-                t = t + self.level_embed[k].to(c.dtype)
+                t = t + self.level_embed[k]
             tokens.append(t)
         return tokens, raw

@@ -72,8 +72,11 @@ class SplitTokenizer(nn.Module):
             if self.budget_conditioned:
                 lo, hi = self.operating_points.range
                 raise ValueError(f"this policy serves budgets [{lo:g}, {hi:g}]: pass the budget to use")
-            budget = float(self.operating_points.budgets[0])
-        return torch.as_tensor(budget, dtype=torch.float32, device=device).expand(batch)
+            return self.operating_points.budgets[:1].to(device, torch.float32).expand(batch)
+        if isinstance(budget, Tensor):
+            return budget.to(device, torch.float32).expand(batch)
+        # a fill on the device: no host-to-device copy, no sync (the batch's one sync is the walk's)
+        return torch.full((batch,), float(budget), dtype=torch.float32, device=device)
 
     def decision_logits(self, tokens: Sequence[Tensor], budget: float | Tensor | None = None) -> list[Tensor]:
         """Split logits for every patch of every non-finest level, in one call of the module."""
@@ -124,6 +127,11 @@ class SplitTokenizer(nn.Module):
         """
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: expected one of {MODES}")
+        if mode == "sample" and max_tokens is not None:
+            raise ValueError(
+                "max_tokens with mode='sample': the cap drops sampled splits, so the layout's log-prob "
+                "would no longer be that of the decisions taken (PPO's ratios); cap at inference only"
+            )
         if mode == "scores":
             given = self._check_per_level("scores", scores, tokens)
             cut = 0.5 if threshold is None else threshold

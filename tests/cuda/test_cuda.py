@@ -54,6 +54,12 @@ def test_uniform_layout_equals_timm_on_gpu(name) -> None:
         dense = backbone.model.forward_features(x)
     for i in range(4):
         assert (packed[i] - dense[i]).abs().max().item() <= 1e-3
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):  # the recipes' bf16-mixed
+        packed = backbone(layout_of("uniform", tokenizer, backbone, x)).per_image()
+        dense = backbone.model.forward_features(x)
+    for i in range(4):  # the residual stream stays float32, as timm's; attention kernels differ in bf16
+        assert packed[i].dtype == dense.dtype == torch.float32
+        assert (packed[i] - dense[i]).abs().max().item() <= TOLERANCE[torch.bfloat16]
 
 
 def test_a_packed_batch_equals_each_image_alone_on_gpu() -> None:

@@ -58,3 +58,25 @@ def test_testing_on_an_unlabelled_split_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"data.test_split='test' .* has no labels \(label = -1\)"):
         dm.setup("test")
     dm.setup("predict")  # predicting needs no labels
+
+
+def test_plain_integer_labels_still_count_the_classes(tmp_path) -> None:
+    """A label column of plain integers (no ``ClassLabel`` names) gives classes 0..max, so the model's
+    ``num_classes`` is checked against the data as with named classes; a wrong split is named."""
+    import datasets
+
+    from splitlab.data import ImageClassificationData, generate_shapes
+
+    path = generate_shapes(tmp_path / "hf", train=2, val=1, test=1, fmt="hf")
+    splits = datasets.load_from_disk(str(path))
+    for name in splits:
+        splits[name] = splits[name].cast_column("label", datasets.Value("int64"))
+    splits.save_to_disk(str(tmp_path / "plain"))
+    dm = ImageClassificationData(hf_dataset=str(tmp_path / "plain"), val_split="validation", num_workers=0)
+    dm.setup("fit")
+    assert dm.num_classes == 4 and dm.classes == ["0", "1", "2", "3"]
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"data.val_split='val': no such split in data.hf_dataset=.*; splits: \['test', 'train', 'validation'\]",
+    ):
+        ImageClassificationData(hf_dataset=str(tmp_path / "plain"), num_workers=0).setup("fit")

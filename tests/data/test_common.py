@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+import multiprocessing
 import random
+import subprocess
+import sys
+import warnings
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from splitlab.data import ResumableSampler, SeededIndex, SkipCorrupt
@@ -87,3 +93,66 @@ def test_the_last_short_batch_is_dropped_only_when_a_rank_has_more(monkeypatch, 
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: ranks)
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
     assert len(TinyData(20, 8).train_dataloader()) == batches
+
+
+class SomeUnreadable(RandomDraws):
+    """Item 3 fails as an unreadable image does, item 7 as one too large for PIL to trust."""
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 3:
+            raise OSError("cannot identify image file")
+        if index == 7:
+            raise Image.DecompressionBombError("Image size (200000000 pixels) exceeds limit")
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize(("workers", "start"), [(0, None), (2, "fork"), (1, "spawn")])
+def test_samples_skipped_in_workers_are_counted(workers, start) -> None:
+    """The end-of-epoch report counts samples skipped inside DataLoader worker processes too, forked
+    or spawned (the count is shared memory), once per read, and starts from zero after each report.
+    Spawned workers are tested as on macOS or Python 3.14, where spawn (forkserver) is the default
+    context, so the counter is made in it."""
+    dataset = SkipCorrupt(SomeUnreadable(), str)
+    if start == "spawn":
+        dataset.count, dataset.count_context = multiprocessing.get_context("spawn").Value("i", 0), "spawn"
+    loader = DataLoader(dataset, batch_size=3, num_workers=workers, multiprocessing_context=start)
+    with warnings.catch_warnings():  # a worker's warning goes to its own stderr, not to the parent
+        warnings.simplefilter("ignore")
+        items = torch.cat(list(loader))
+    assert items[:, 0].tolist() == [0, 1, 2, 4, 4, 5, 6, 8, 8, 9, 10, 11]  # each bad one served its next
+    assert dataset.take_count() == 2 and dataset.take_count() == 0
+    assert copy.deepcopy(dataset).count is not dataset.count  # pickled outside a spawn: its own counter
+
+
+def test_a_fork_made_counter_does_not_stop_spawned_workers() -> None:
+    """A loader whose context differs from the default (spawn on Linux): the workers count on their
+    own rather than failing to receive a fork-made counter."""
+    dataset = SkipCorrupt(SomeUnreadable(), str)
+    dataset.count_context = "fork"
+    loader = DataLoader(dataset, batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    assert len(torch.cat(list(loader))) == 12
+
+
+def test_the_counter_leaves_the_start_method_unset() -> None:
+    """Building a data module must not fix the process's start method (a user's later
+    ``set_start_method`` would fail with "context has already been set")."""
+    script = (
+        "import multiprocessing as mp; from splitlab.data import SkipCorrupt; SkipCorrupt([], str); "
+        "assert mp.get_start_method(allow_none=True) is None; mp.set_start_method('spawn')"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+
+
+def test_padding_moves_boxes_with_their_image() -> None:
+    """Boxes get the padded image's canvas (not one computed from their own (N, 4) shape), and centred
+    padding shifts them with the image."""
+    from torchvision import tv_tensors
+
+    from splitlab.data.common import PadTo
+
+    image = tv_tensors.Image(torch.zeros(3, 40, 64))
+    boxes = tv_tensors.BoundingBoxes([[0, 0, 10, 10], [50, 30, 64, 40]], format="XYXY", canvas_size=(40, 64))
+    for centre, shift in ((False, 0), (True, 12)):
+        padded, moved = PadTo(64, centre=centre)(image, boxes)
+        assert padded.shape == (3, 64, 64) and moved.canvas_size == (64, 64)
+        assert moved.tolist() == [[0, shift, 10, 10 + shift], [50, 30 + shift, 64, 40 + shift]]

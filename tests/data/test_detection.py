@@ -28,15 +28,18 @@ def test_bad_boxes_are_dropped_with_a_counted_warning(tmp_path) -> None:
     path = root / "annotations" / "instances_val2017.json"
     doc = json.loads(path.read_text())
     doc["annotations"][0]["bbox"] = [10, 10, 0, 5]  # zero area
-    doc["annotations"][1]["bbox"] = [50, 50, 30, 30]  # beyond a 64 px image
+    doc["annotations"][1]["bbox"] = [70, 10, 30, 30]  # wholly beyond a 64 px image
+    doc["annotations"][2]["bbox"] = [50, 50, 30, 30]  # reaching past its border: clamped, kept
     path.write_text(json.dumps(doc))
     with pytest.warns(UserWarning, match="dropped 2 annotation"):
         ds = CocoDetection(root / "val2017", path, _Letterbox(64, (0.5,) * 3, (0.5,) * 3, False), masks=True)
-    image, target = ds[0]
+    clamped = doc["annotations"][2]
+    image, target = ds[ds.ids.index(clamped["image_id"])]
     assert (
         image.shape == (3, 64, 64)
         and target["boxes"].shape[0] == target["labels"].shape[0] == target["masks"].shape[0]
     )
+    assert [50.0, 50.0, 64.0, 64.0] in target["boxes"].tolist()
     with pytest.raises(ValueError, match="malformed COCO annotations"):
         path.write_text(json.dumps({"images": [{"id": 1}], "annotations": [{"image_id": 1}]}))
         CocoDetection(root / "val2017", path, _Letterbox(64, (0.5,) * 3, (0.5,) * 3, False), masks=False)
@@ -54,14 +57,18 @@ def test_crowd_regions_come_flagged_and_stay_aligned(tmp_path) -> None:
     first = [a for a in doc["annotations"] if a["image_id"] == doc["images"][0]["id"]]
     crowd = dict(first[0], id=9001, iscrowd=1, area=123.0, bbox=[2, 2, 20, 20])
     crowd["segmentation"] = [[2, 2, 22, 2, 22, 22, 2, 22]]
-    degenerate = dict(first[0], id=9002, bbox=[30, 30, 0.5, 0.5], area=0.25)  # dropped by the letterbox
+    degenerate = dict(first[0], id=9002, bbox=[30, 30, 0.5, 0.5], area=0.25)  # under a pixel
     degenerate["segmentation"] = [[30, 30, 30.5, 30, 30.5, 30.5]]
     doc["annotations"] += [crowd, degenerate]
     path.write_text(json.dumps(doc))
-    ds = CocoDetection(root / "val2017", path, _Letterbox(64, (0.5,) * 3, (0.5,) * 3, False), masks=True)
+    evaluated = CocoDetection(
+        root / "val2017", path, _Letterbox(64, (0.5,) * 3, (0.5,) * 3, False), masks=True
+    )
+    assert evaluated[0][1]["boxes"].shape[0] == len(first) + 2  # evaluation keeps every annotation
+    ds = CocoDetection(root / "val2017", path, _Letterbox(64, (0.5,) * 3, (0.5,) * 3, True), masks=True)
     _, target = ds[0]
     n = target["boxes"].shape[0]
-    assert n == len(first) + 1  # the degenerate box is gone, the crowd stays
+    assert n == len(first) + 1  # training drops the degenerate box, the crowd stays
     assert all(target[k].shape[0] == n for k in ("labels", "masks", "iscrowd", "area"))
     assert target["iscrowd"].tolist() == [0] * len(first) + [1]
     assert target["area"][-1].item() == 123.0

@@ -121,7 +121,7 @@ def test_the_question_may_come_before_the_image(bridge) -> None:
     text on both sides of ``<image>`` is filled in, not only the part after it."""
     first = LanguageBridge(bridge.lm, bridge.tokenizer, template="{question} <image> answer :")
     visual = [torch.randn(3, 32)]
-    inputs, mask, labels, _ = first.prompts(visual, [["what color is it ?"]], [["red"]])
+    inputs, mask, labels, _, _ = first.prompts(visual, [["what color is it ?"]], [["red"]])
     ids = bridge.tokenizer("what color is it ?", add_special_tokens=False)["input_ids"]
     text = bridge.lm.get_input_embeddings()(torch.tensor(ids))
     start = len(first.bos)
@@ -142,7 +142,7 @@ class _LegacySentencePiece:
 
 def test_answers_are_encoded_as_the_lm_writes_them_after_the_prompt(bridge) -> None:
     legacy = LanguageBridge(bridge.lm, _LegacySentencePiece(), template="<image> {question} assistant:")
-    _, _, labels, _ = legacy.prompts([torch.randn(2, 32)], [["yes"]], [["no"]])
+    _, _, labels, _, _ = legacy.prompts([torch.randn(2, 32)], [["yes"]], [["no"]])
     assert labels[0][labels[0] != -100].tolist() == [5, 2]  # "no" then </s>, no stray "▁"
 
 
@@ -188,3 +188,34 @@ def test_a_llava_checkpoint_gives_its_language_model_and_projector(tmp_path) -> 
     assert sum(p.numel() for p in language.parameters()) == sum(
         p.numel() for p in [*llava.model.language_model.parameters(), *llava.lm_head.parameters()]
     )
+
+
+def test_a_half_precision_checkpoint_loads_as_saved_or_in_float32_for_training(tmp_path) -> None:
+    """LLaVA-1.5 is saved in float16: kept so when frozen (half the memory), float32 when it trains
+    (AdamW on float16 weights turns zero-gradient entries into NaN)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(**{**LM, "vocab_size": 50})).half().save_pretrained(tmp_path / "lm")
+    frozen, _ = build_language_model(str(tmp_path / "lm"))
+    trained, _ = build_language_model(str(tmp_path / "lm"), dtype=torch.float32)
+    assert {p.dtype for p in frozen.parameters()} == {torch.float16}
+    assert {p.dtype for p in trained.parameters()} == {torch.float32}
+
+
+def test_the_loss_reads_the_answer_positions_of_the_full_logits(bridge) -> None:
+    """Logits are computed for the answer positions only (left padding puts every answer last); the
+    loss is the same mean answer-token NLL as from every position's logits, for answers of unequal length."""
+    from splitlab.heads.vqa import position_ids
+
+    torch.manual_seed(0)
+    visual = [torch.randn(3, 32), torch.randn(6, 32)]
+    questions, answers = [["what is it ?"], ["what color is it ?"]], [["red blue red"], ["blue"]]
+    with torch.no_grad():
+        got = bridge.per_image_loss(visual, questions, answers)
+        inputs, mask, labels, _, longest = bridge.prompts(visual, questions, answers)
+        full = bridge.lm(inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids(mask)).logits
+    assert longest == 4  # three words and the end of sequence
+    nll = torch.nn.functional.cross_entropy(full[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")
+    counted = labels[:, 1:] != -100
+    assert counted.sum(1).tolist() == [4, 2]
+    assert torch.allclose(got, (nll * counted).sum(1) / counted.sum(1), atol=1e-5)

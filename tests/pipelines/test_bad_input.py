@@ -87,6 +87,7 @@ SETTINGS = [
     ("--data.init_args.img_size=32", "data.init_args.img_size=32 differs from the model's input size 64x64"),
     ("--data.init_args.root=/no/such/dataset", "data.root='/no/such/dataset': no such directory"),
     ("--data.init_args.train_split=training", "data.root/train_split="),
+    ("--trainer.precision=16-true", "trainer.precision=16-true: float16 training is not supported"),
 ]
 
 

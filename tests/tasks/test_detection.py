@@ -156,3 +156,52 @@ def test_detection_per_image_loss_and_metrics(tmp_path, detector) -> None:
     is_object = cells.view(3, 8, 8, 8, 8).permute(0, 1, 3, 2, 4).reshape(3, 8, 8, -1).gt(0).any(-1)
     expected = (fine & is_object).sum() / is_object.sum()
     assert values["object_fine_coverage"].item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+def tiny_detection_task(patch_size: int = 8, img_size: int = 64, **kwargs):
+    from splitlab.tasks import DetectionTask
+
+    return DetectionTask(
+        num_classes=3,
+        backbone="vit_tiny_patch16_224",
+        backbone_kwargs={
+            "img_size": img_size,
+            "patch_size": patch_size,
+            "embed_dim": 32,
+            "depth": 2,
+            "num_heads": 2,
+        },
+        levels=[4 * patch_size, 2 * patch_size, patch_size],
+        pyramid_channels=16,
+        pyramid_indices=[1],
+        anchor_sizes=[8, 16, 32, 64],
+        representation_size=32,
+        decision_dim=16,
+        decision_heads=2,
+        **kwargs,
+    )
+
+
+def test_boxes_are_decoded_in_float32_under_bf16_autocast() -> None:
+    """The recipes' bf16-mixed: the heads run in float32 on the (bf16) pyramid, so boxes come out as
+    they do from the same pyramid without autocast (in bf16 they stepped by 4 px at 1024)."""
+    from collections import OrderedDict
+
+    head = tiny_detection_task().head.eval()
+    gen = torch.Generator().manual_seed(0)
+    features = OrderedDict(
+        (str(i), torch.randn(2, 16, 16 >> i, 16 >> i, generator=gen).bfloat16()) for i in range(4)
+    )
+    outputs = {"features": features, "image_sizes": [(64, 64)] * 2}
+    with torch.no_grad():
+        plain = head.detect({**outputs, "features": OrderedDict((k, v.float()) for k, v in features.items())})
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = head.detect(outputs)
+    assert sum(len(d["boxes"]) for d in plain) > 0
+    for got, want in zip(mixed, plain, strict=True):
+        assert got["boxes"].dtype == torch.float32 and torch.equal(got["boxes"], want["boxes"])
+
+
+def test_a_patch_that_is_not_a_power_of_two_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"a 12-px patch gives pyramid strides 3-24 px.*patch_size=16"):
+        tiny_detection_task(patch_size=12, img_size=96)

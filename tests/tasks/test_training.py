@@ -189,7 +189,10 @@ def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["trained_policy"] == "entropy"
     assert set(summary["policies"]) == {"entropy", "uniform", "random"}  # the trained row, then baselines
-    assert summary["policies"]["entropy"]["token_fraction_mean"] == pytest.approx(0.5, abs=0.05)
+    # APT's fixed cuts come from 24 training images and meet the budget on the 12 validation images
+    # only up to sampling noise (its budget varies per image); 600 validation images of the CI twin
+    # meet ±0.05 (tests/pipelines/test_regression.py)
+    assert summary["policies"]["entropy"]["token_fraction_mean"] == pytest.approx(0.5, abs=0.1)
     start = next(c.weights for c in cli.trainer.callbacks if isinstance(c, StartWeights))
     warmed = torch.load(next((tmp_path / "checkpoints").glob("epoch=0-*.ckpt")), weights_only=False)[
         "state_dict"
@@ -200,5 +203,14 @@ def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_
     assert backbone and policy
     assert any(not torch.equal(start[k], warmed[k]) for k in backbone)  # the warm start fine-tuned it
     assert all(torch.equal(start[k], end[k]) for k in policy)  # no decision module was ever trained
+    # APT splits at fixed per-level cuts (set from the calibration sample, checkpointed), so each
+    # image's layout is its own: alone or in a batch, the same
+    model = cli.model.eval()
+    assert torch.isfinite(warmed["apt_cuts"]).all() and model.apt_ready(0.5)
+    images = torch.stack([cli.datamodule.datasets["val"][i][0] for i in range(8)])
+    with torch.no_grad():
+        together = model.layout(images, policy="entropy")
+        alone = [model.layout(images[i : i + 1], policy="entropy") for i in range(8)]
+    assert torch.equal(together.fraction, torch.cat([a.fraction for a in alone]))
     with pytest.raises(ValueError, match="budgets=\\[0.3, 0.7\\] needs policy='learned'"):
         fit(shapes_root, tmp_path / "bad", "--model.init_args.policy=entropy")

@@ -26,7 +26,7 @@ def trained(task: VQATask) -> set[int]:
 
 def test_lora_trains_adapters_of_the_frozen_lm(tmp_path) -> None:
     pytest.importorskip("peft")
-    task = task_with(tmp_path, lora={"r": 4, "lora_alpha": 8})
+    task = task_with(tmp_path, lora={"r": 4, "lora_alpha": 8, "lora_dropout": 0.1})
     task.set_stage("warm_start")
     lm = task.head.bridge.lm
     adapters = {id(p) for m in lora_adapters(lm) for p in m.parameters()}
@@ -41,8 +41,13 @@ def test_lora_trains_adapters_of_the_frozen_lm(tmp_path) -> None:
         g is not None and g.abs().sum() > 0 for n, g in grads.items() if "lora_A" in n or "lora_B" in n
     )
     assert all(g is None for n, g in grads.items() if "lora_" not in n)
+    dropouts = [m for name, m in lm.named_modules() if name.endswith("lora_dropout")]
+    task.train()
+    assert dropouts and all(m.training for m in dropouts)  # the adapters' dropout is on while they train
+    assert not any(m.training for name, m in lm.named_modules() if "lora" not in name)
     task.set_stage("ppo")
-    assert not adapters & trained(task)
+    task.train()
+    assert not adapters & trained(task) and not any(m.training for m in dropouts)
 
 
 def test_the_lm_is_frozen_unless_asked(tmp_path) -> None:

@@ -130,3 +130,25 @@ def test_unknown_baseline_and_missing_fraction() -> None:
     with pytest.raises(ValueError, match="target_fraction=0.1 is outside"):
         baseline_scores("random", torch.zeros(1, 3, 32, 32), lv, fraction=0.1)
     assert math.isfinite(random_split_rate(1.0, lv))
+
+
+def test_apt_fixed_cuts_reproduce_the_calibrated_sample_and_judge_each_image_alone() -> None:
+    """The per-level cuts set on a sample give that sample the layouts of the quantile calibration
+    (so its fraction), and then decide each image by its own entropies."""
+    from splitlab.tokenizer import calibrate_threshold, entropy_scores, level_quantiles, level_thresholds
+    from splitlab.tokenizer.quadtree import fraction_of
+
+    levels = Levels.build((32, 16, 8))
+    gen = torch.Generator().manual_seed(0)
+    images = torch.rand(16, 3, 64, 64, generator=gen) ** torch.linspace(0.2, 4, 16).view(-1, 1, 1, 1)
+    scores = entropy_scores(images, levels)
+    cuts = level_thresholds(scores, 0.5)
+    ranks = level_quantiles(scores)
+    share = calibrate_threshold(ranks, 0.5)
+    fixed = [s > c for s, c in zip(scores, cuts, strict=True)]
+    assert all(torch.equal(f, r > share) for f, r in zip(fixed, ranks, strict=True))
+    assert float(fraction_of(fixed).mean()) == pytest.approx(0.5, abs=0.03)
+    alone = [s[:1] > c for s, c in zip(scores, cuts, strict=True)]
+    assert all(torch.equal(a, f[:1]) for a, f in zip(alone, fixed, strict=True))
+    per_image = fraction_of(fixed)
+    assert float(per_image.max() - per_image.min()) > 0.2  # busy images take more tokens, as APT's

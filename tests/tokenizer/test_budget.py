@@ -119,6 +119,8 @@ def test_threshold_mode_meets_the_calibrated_budget(tiny_vit) -> None:
     with torch.no_grad():
         capped = tok(x, tiny_vit, max_tokens=8)
     assert max(capped.seqlens) <= 8
+    with pytest.raises(ValueError, match="max_tokens with mode='sample'"):  # capped samples: off-policy
+        tok(x, tiny_vit, mode="sample", max_tokens=8)
 
 
 def test_a_budget_conditioned_policy_reads_the_budget(tiny_vit) -> None:

@@ -1,0 +1,28 @@
+"""`LayoutWriter`: one JSON-lines file per rank, started afresh by each predict run."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from splitlab.callbacks import LayoutWriter
+
+
+def predict(writer: LayoutWriter, rank: int, world_size: int, log_dir, batches) -> None:
+    trainer = SimpleNamespace(global_rank=rank, world_size=world_size, log_dir=str(log_dir))
+    writer.on_predict_start(trainer, None)
+    for index, records in enumerate(batches):
+        writer.write_on_batch_end(trainer, None, records, None, None, index, 0)
+
+
+def test_each_rank_writes_its_own_file_and_a_new_run_starts_it_afresh(tmp_path) -> None:
+    for rank in (0, 1):  # two DDP ranks sharing a log dir must not interleave in one file
+        predict(LayoutWriter(), rank, 2, tmp_path, [[{"rank": rank, "i": 0}], [{"rank": rank, "i": 1}]])
+    for rank in (0, 1):
+        lines = (tmp_path / f"layouts.rank{rank}.jsonl").read_text().splitlines()
+        assert [json.loads(line) for line in lines] == [{"rank": rank, "i": 0}, {"rank": rank, "i": 1}]
+    writer = LayoutWriter(output_dir=str(tmp_path / "out"))
+    predict(writer, 0, 1, tmp_path, [[{"i": 0}, {"i": 1}]])
+    predict(writer, 0, 1, tmp_path, [[{"i": 2}]])  # the second run replaces the first
+    assert (tmp_path / "out" / "layouts.jsonl").read_text().splitlines() == ['{"i": 2}']
+    assert not (tmp_path / "layouts.jsonl").exists()
