@@ -52,6 +52,22 @@ class BlockFSDPStrategy(FSDPStrategy):
                 "trainer.strategy.init_args.sharding_strategy=NO_SHARD: BlockFSDPStrategy shards the blocks; "
                 "for whole copies on every rank use trainer.strategy=ddp"
             )
+        try:  # the private FSDP steps `sharded_backward` runs: fail here, not at the first backward
+            from torch.distributed.fsdp._runtime_utils import (  # noqa: F401
+                _post_backward_final_callback,
+                _reset_flat_param_grad_info_if_needed,
+            )
+        except ImportError as err:
+            raise RuntimeError(
+                f"BlockFSDPStrategy needs FSDP internals this torch ({torch.__version__}) lacks ({err}); "
+                "use torch 2.5-2.14 or trainer.strategy=ddp"
+            ) from err
+        if self._state_dict_type == "sharded":
+            # a folder of shards: --ckpt_path, load_task, bench and the settings check read one file
+            raise ValueError(
+                "trainer.strategy.init_args.state_dict_type=sharded: splitlab resumes, evaluates and benchmarks "
+                "from one checkpoint file; use state_dict_type=full (rank 0 gathers the blocks when saving)"
+            )
 
     @property
     def mixed_precision_config(self) -> Any:

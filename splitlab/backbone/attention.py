@@ -93,7 +93,8 @@ class AttentionBackend:
 
 
 def _image_ids(seq: PackedSequence) -> Tensor:
-    lengths = torch.tensor(seq.seqlens, device=seq.cu_seqlens.device)
+    """The image of every packed token, from the offsets already on the device (no copy, no sync)."""
+    lengths = seq.cu_seqlens.diff()
     return torch.repeat_interleave(
         torch.arange(len(seq.seqlens), device=lengths.device), lengths, output_size=seq.total
     )

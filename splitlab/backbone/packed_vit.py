@@ -34,7 +34,8 @@ class PackedAttention(Attention):
         gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
         qkv = self.qkv(x).view(batch * total, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.unbind(1)
-        q, k = self.q_norm(q), self.k_norm(k)
+        # autocast runs qk-norm in float32: flash-attn needs q, k and v in one dtype (SDPA casts itself)
+        q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)
         dropout = self.attn_drop.p if self.training else 0.0
         out = seq.attend(q, k, v, scale=self.scale, dropout_p=dropout)
         out = self.norm(out.reshape(batch, total, self.num_heads * self.head_dim))
@@ -67,7 +68,7 @@ class PackedEvaAttention(EvaAttention):
             q = self.q_proj(x).view(rows, self.num_heads, -1)
             k = self.k_proj(x).view(rows, self.num_heads, -1)
             v = self.v_proj(x).view(rows, self.num_heads, -1)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)  # as above
         if rope is not None:
             q = apply_rot_embed_cat(q, rope[:, None, :]).type_as(v)
             k = apply_rot_embed_cat(k, rope[:, None, :]).type_as(v)
@@ -88,12 +89,9 @@ def rope_at(rope: nn.Module, centres: Tensor, grid: tuple[int, int]) -> Tensor:
     the centre of the cells it covers, in the same coordinates as the model's own grid.
     """
     c = centres.float() + rope.grid_offset
-    if rope.ref_feat_shape is not None:
-        c = (
-            c
-            / torch.tensor(grid, device=c.device, dtype=c.dtype)
-            * torch.tensor(rope.ref_feat_shape, device=c.device, dtype=c.dtype)
-        )
+    if rope.ref_feat_shape is not None:  # per-axis Python scalars: no host-to-device copy (a sync)
+        ref = rope.ref_feat_shape
+        c = torch.stack([c[..., 0] / grid[0] * ref[0], c[..., 1] / grid[1] * ref[1]], -1)
     angles = (c[..., None] * rope.bands.to(c.device)).flatten(-2)
     return torch.cat([angles.sin().repeat_interleave(2, -1), angles.cos().repeat_interleave(2, -1)], -1)
 

@@ -35,8 +35,8 @@ class ResumePosition(Callback):
     restarted epoch; the order itself is a function of (seed, epoch), so the rest matches the
     uninterrupted run. Lightning builds the epoch's iterator before this hook and before it sets the
     sampler's epoch; DataLoader workers draw their first indices right then (epoch 0's order, no
-    skip), so the epoch is set here and the iterator built again. `splitlab.tasks.SplitTask` adds
-    this callback itself.
+    skip), so the epoch is set here and the iterator built again. The splitlab CLI adds this
+    callback to every run (a plain ``Trainer`` needs it in its ``callbacks``).
     """
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -96,6 +96,8 @@ class SlurmRequeue(GracefulStop):
     def after_checkpoint(self, trainer: Trainer, signum: int) -> None:
         rank_zero_info(f"splitlab: SLURM requeue signal: saved {self.checkpoint}")
         if trainer.is_global_zero:
+            for logger in trainer.loggers:  # the requeue ends this job soon: its logs reach disk first
+                logger.save()
             job = os.environ.get("SLURM_ARRAY_JOB_ID")
             job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID", "")
             if re.fullmatch(r"[0-9_]+", job or ""):

@@ -11,7 +11,8 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 
 class LayoutWriter(BasePredictionWriter):
-    """Append every image's layout and prediction to ``<output_dir>/layouts.jsonl`` (rank-suffixed under DDP).
+    """Append every image's layout and prediction to ``<output_dir>/layouts.jsonl`` (rank-suffixed under
+    DDP), each with the index of its image in the dataset.
 
     Args:
         output_dir: where to write; the run's log dir by default.
@@ -40,6 +41,9 @@ class LayoutWriter(BasePredictionWriter):
         dataloader_idx: int,
     ) -> None:
         assert self.path is not None
+        indices = list(batch_indices) if batch_indices is not None else [None] * len(prediction)
         with self.path.open("a") as f:
-            for record in prediction:
+            for record, index in zip(prediction, indices, strict=True):
+                # under DDP a rank's batches are every n-th sample: the dataset index says which image
+                record = record if index is None else {"dataset_index": int(index), **record}
                 f.write(json.dumps(record) + "\n")

@@ -84,10 +84,12 @@ class GracefulStop(Callback):
         trainer.should_stop = True
         # A stop ends the epoch early, and Lightning would then validate (minutes at paper scale, past a
         # scheduler's grace period) and let ModelCheckpoint save the half epoch as a finished one. The
-        # checkpoint above is this step's: skip both.
-        trainer.fit_loop.epoch_loop._skip_next_val = True
-        for callback in trainer.checkpoint_callbacks:
-            callback._last_global_step_saved = trainer.global_step
+        # checkpoint above is this step's: skip both. After an epoch's last batch the epoch *is*
+        # finished (a resume starts the next one): its validation and checkpoint run as usual.
+        if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            trainer.fit_loop.epoch_loop._skip_next_val = True
+            for callback in trainer.checkpoint_callbacks:
+                callback._last_global_step_saved = trainer.global_step
 
     def checkpoint_path(self, trainer: Trainer) -> str:
         """``interrupted.ckpt`` beside the run's other checkpoints."""
@@ -116,6 +118,9 @@ class GracefulStop(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._restore()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._restore()  # a failed run leaves Ctrl-C to the caller (a notebook, the demo) as it was
 
 
 class VerifiedCheckpointIO(TorchCheckpointIO):

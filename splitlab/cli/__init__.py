@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 import torch
 from lightning import LightningDataModule, Trainer
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
@@ -23,13 +25,14 @@ from splitlab.callbacks import (
     SplitSchedule,
     VerifiedCheckpointIO,
 )
-from splitlab.cli.checkpoints import keep_csv_history, reconcile
+from splitlab.cli.checkpoints import keep_csv_history, logged_step, reconcile
 from splitlab.cli.errors import reporting_errors, user_error
 from splitlab.tasks import SplitTask
 
-__all__ = ["SplitLabCLI", "lightning_main", "main", "reporting_errors", "user_error"]
+__all__ = ["SplitLabCLI", "lightning_main", "main", "reporting_errors", "stop_code", "user_error"]
 
 DEFAULT_CALLBACKS = (SplitSchedule, ResumePosition, LayoutWriter, GracefulStop, SkippedSamples)
+HPC_NAME = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 
 
 class SplitLabCLI(LightningCLI):
@@ -52,7 +55,7 @@ class SplitLabCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
-        ckpt_path = self.config[subcommand].get("ckpt_path")
+        ckpt_path = self.config[subcommand].get("ckpt_path") or self._requeued_checkpoint(subcommand)
         if not ckpt_path:
             return
         if ckpt_path in ("last", "hpc"):
@@ -66,7 +69,7 @@ class SplitLabCLI(LightningCLI):
                 f"ckpt_path={ckpt_path!r} is not a readable checkpoint ({type(err).__name__}): "
                 "the file is truncated or not a Lightning checkpoint; use an earlier one"
             ) from None
-        self._resume_step = int(checkpoint.get("global_step", 0)) if subcommand == "fit" else None
+        self._resume_step = logged_step(checkpoint) if subcommand == "fit" else None
         saved = dict(checkpoint.get("hyper_parameters", {}))
         saved.pop("_instantiator", None)
         class_path = saved.pop("_class_path", None)
@@ -83,6 +86,24 @@ class SplitLabCLI(LightningCLI):
         update = {subcommand: {"model": {"class_path": class_path, "init_args": merged}}}
         self.config = self.parser.parse_object(update, self.config)
 
+    def _requeued_checkpoint(self, subcommand: str) -> str | None:
+        """The checkpoint a requeued SLURM job resumes from: it starts with the same command (no
+        ``--ckpt_path``) and Lightning takes the newest ``hpc_ckpt_N.ckpt`` of ``default_root_dir``
+        by itself. Named here, the resume gets what any resume gets: settings checked against the
+        checkpoint, and the run's ``metrics.csv`` history kept (Lightning's writer deletes it)."""
+        if subcommand != "fit" or not SLURMEnvironment.detect():
+            return None
+        root = Path(self.config[subcommand]["trainer"].get("default_root_dir") or ".")
+        numbered = [
+            (int(m.group(1)), p) for p in root.glob("hpc_ckpt_*.ckpt") if (m := HPC_NAME.fullmatch(p.name))
+        ]
+        if not numbered:
+            return None
+        path = str(max(numbered)[1])
+        rank_zero_info(f"splitlab: requeued SLURM job: resuming from {path}")
+        self.config[subcommand]["ckpt_path"] = path
+        return path
+
     def _resolve_last(self, subcommand: str, which: str) -> str:
         """``--ckpt_path last``: the newest checkpoint under the run directory the recipe's logger names.
 
@@ -97,7 +118,10 @@ class SplitLabCLI(LightningCLI):
         if named is not None and named.get("save_dir") is not None:
             base = Path(named.save_dir) / (named.get("name") or "")
             version = named.get("version")
-            folders = [base / str(version)] if version not in (None, "") else sorted(base.glob("version_*"))
+            if version is None:  # a new version_N each run: search them all
+                folders = sorted(base.glob("version_*"))
+            else:  # the logger's own folder: "" is the base itself, an int is version_<int>
+                folders = [base / (version if isinstance(version, str) else f"version_{version}")]
         else:
             named, base = None, root
             folders = [root, *sorted((root / "lightning_logs").glob("version_*"))]
@@ -137,6 +161,10 @@ class SplitLabCLI(LightningCLI):
     def before_fit(self) -> None:
         """A resumed fit keeps the history of its ``metrics.csv`` (Lightning's CSV writer deletes it)."""
         step = getattr(self, "_resume_step", None)
+        if (
+            not self.trainer.is_global_zero
+        ):  # other ranks' loggers write nothing (their experiment is a dummy)
+            return
         for logger in self.trainer.loggers if step is not None else []:
             if isinstance(logger, CSVLogger):
                 keep_csv_history(logger, step)
@@ -145,8 +173,10 @@ class SplitLabCLI(LightningCLI):
 def lightning_main(args: Sequence[str] | None = None, run: bool = True) -> SplitLabCLI:
     """Run (or with ``run=False`` only build) the LightningCLI on ``args`` (``sys.argv`` when None)."""
     argv = sys.argv
-    if args is not None:  # called from Python (demo, tests): the process's own argv is not ours
-        sys.argv = argv[:1]
+    if args is not None:  # called from Python (demo, curve): these arguments are the command
+        # Lightning's DDP launcher starts the other ranks as ``sys.argv``: they must run this
+        # command (``splitlab validate ...``), not the caller's (a bare ``splitlab`` failed)
+        sys.argv = [argv[0], *args]
     try:
         return SplitLabCLI(
             SplitTask,
@@ -163,14 +193,17 @@ def lightning_main(args: Sequence[str] | None = None, run: bool = True) -> Split
         sys.argv = argv
 
 
+def stop_code(cli: Any) -> int:
+    """The exit code a signal left (128 + signal) when a `GracefulStop` ended the run early, else 0."""
+    callbacks = getattr(getattr(cli, "trainer", None), "callbacks", [])
+    return max((c.exit_code for c in callbacks if isinstance(c, GracefulStop)), default=0)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``lightning {fit,validate,test,predict} ...``: errors about settings and files as one line."""
     args = None if argv is None or list(argv) == sys.argv[1:] else list(argv)
     cli = reporting_errors(lambda: lightning_main(args))
-    stopped = [
-        c for c in getattr(getattr(cli, "trainer", None), "callbacks", []) if isinstance(c, GracefulStop)
-    ]
-    code = max((c.exit_code for c in stopped), default=0)
+    code = stop_code(cli)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # not left to interpreter exit, whose order varies
     if code:

@@ -82,6 +82,24 @@ def reconcile(
     return merged, notes
 
 
+def logged_step(checkpoint: dict[str, Any]) -> int:
+    """The last logging step whose rows a checkpoint's training includes.
+
+    Lightning logs a batch's rows at the count of batches that stepped before it (not at
+    ``global_step``, which counts every optimizer step: 2 per warm-start batch, more in PPO), and
+    raises the count after the batch's hooks. A checkpoint written at the end of an epoch holds
+    the raised count, so its rows end one step below it; one written inside a batch's hooks (a
+    graceful stop) holds the count of that batch, whose rows are in.
+    """
+    loops = checkpoint.get("loops", {}).get("fit_loop", {})
+    count = loops.get("epoch_loop.state_dict", {}).get("_batches_that_stepped")
+    if count is None:
+        return int(checkpoint.get("global_step", 0))
+    current = loops.get("epoch_loop.batch_progress", {}).get("current", {})
+    inside_a_batch = current.get("processed", 0) > current.get("completed", 0)
+    return int(count) if inside_a_batch else int(count) - 1
+
+
 def keep_csv_history(logger: CSVLogger, up_to_step: int) -> None:
     """Keep the rows of an existing ``metrics.csv`` up to ``up_to_step`` when a run resumes into it."""
     path = Path(logger.log_dir) / "metrics.csv"

@@ -18,7 +18,7 @@ def _chain(error: BaseException) -> list[BaseException]:
     chain: list[BaseException] = []
     while error is not None and all(error is not seen for seen in chain):
         chain.append(error)
-        error = error.__cause__ or error.__context__
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return chain
 
 
@@ -38,18 +38,23 @@ def _raised_by_splitlab(error: BaseException) -> bool:
 
 
 def user_error(error: BaseException) -> BaseException | None:
-    """The exception to report as one line: the innermost one about a setting or a file.
+    """The exception to report as one line, or None (a bug: it keeps its traceback).
 
     splitlab's own checks raise ``ValueError`` / ``TypeError`` / ``RuntimeError`` / ``OSError``
-    messages that name the setting (with its value) or the file, and the fix; file errors from
-    anywhere name their file. Anything else is a bug and keeps its traceback.
+    messages that name the setting (with its value) or the file, and the fix: the outermost of
+    those wins (a check that catches a lower error and says what it means, e.g. a prompt's
+    ``KeyError``, says more than the error it caught). Without one, the innermost file or argument
+    error from anywhere (jsonargparse and Lightning wrap the real one in their own).
     """
+    chain = _chain(error)
+    for link in chain:
+        if isinstance(
+            link, ValueError | TypeError | RuntimeError | OSError | KeyError
+        ) and _raised_by_splitlab(link):
+            return link
     found = None
-    for link in _chain(error):
-        if isinstance(link, (*FILE_ERRORS, argparse.ArgumentError)) or (
-            isinstance(link, ValueError | TypeError | RuntimeError | OSError | KeyError)
-            and _raised_by_splitlab(link)
-        ):
+    for link in chain:
+        if isinstance(link, (*FILE_ERRORS, argparse.ArgumentError)):
             found = link
     return found
 
@@ -74,5 +79,7 @@ def reporting_errors(run: Callable[[], Any]) -> Any:
                 f"({cause.strerror}); move it, "
                 "or choose another folder (trainer.logger save_dir, trainer.default_root_dir)"
             )
+        if isinstance(cause, TypeError | KeyError | RuntimeError):  # as likely a bug as a setting
+            message += " (SPLITLAB_DEBUG=1 shows the traceback)"
         print(f"splitlab: error: {message}", file=sys.stderr)
         sys.exit(2)

@@ -21,6 +21,14 @@ def count(text: str) -> int:
     return value
 
 
+def seed_value(text: str) -> int:
+    """A random seed: an integer in [0, 2**32), the range NumPy and Lightning take."""
+    value = _int(text)
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{value} is not a seed in [0, 2**32)")
+    return value
+
+
 def fraction(text: str) -> float:
     """A token fraction in (0, 1]."""
     try:

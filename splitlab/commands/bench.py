@@ -230,6 +230,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         raise ValueError(f"--dtype {cfg.dtype}: expected one of {sorted(DTYPES)}")
     if cfg.ckpt is None and cfg.fraction is None:
         raise ValueError("give --ckpt (a trained SPLIT checkpoint) or --fraction (a calibrated layout)")
+    if cfg.compile and cfg.warmup < 1:
+        raise ValueError("--compile with --warmup 0 would time the compilation: give --warmup 1 or more")
     device = _device(cfg.device)
     torch.manual_seed(cfg.seed)
     path = build(cfg, device)
@@ -250,6 +252,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         with autocast:
             cut = calibrate_policy(path, images, cfg.fraction)
     uniform = backbone.model
+    if tuple(size) != tuple(backbone.img_size):  # timm's patch embedding checks the input size
+        uniform.set_input_size(img_size=size)
     if cfg.compile:  # in place, per block: both paths run the same compiled blocks
         for block in backbone.model.blocks:
             block.compile(dynamic=True)
@@ -267,6 +271,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         parts = breakdown(path, images, cfg.iters, device)
         with torch.inference_mode():
             layout = path.layout(images)
+        backend = backbone.pack(layout)[1].backend.name  # as chosen under autocast (flash needs bf16)
     prefix = backbone.num_prefix_tokens
     finest = layout.grid_size[0] * layout.grid_size[1]
     flops_uniform = backbone_flops(backbone.model, [finest + prefix] * cfg.batch_size)
@@ -277,7 +282,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "device_name": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else f"cpu ({torch.get_num_threads()} threads)",
-        "attn_backend": backbone.pack(layout)[1].backend.name,
+        "attn_backend": backend,
         "throughput_uniform": images_done / t_uniform,
         "throughput_split": images_done / t_split,
         "speedup": t_uniform / t_split,

@@ -34,6 +34,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
+def _joined(overrides: Sequence[str]) -> list[str]:
+    """``--key value`` pairs as ``--key=value`` (argparse hands the value over as a word of its own)."""
+    out: list[str] = []
+    for word in overrides:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and not word.startswith("--"):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> tuple[list[str], Path]:
     """The ``validate`` arguments that evaluate every budget at once, and the output folder."""
     run = Path(args.run_dir)
@@ -44,6 +55,7 @@ def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> 
     ):
         if not path.is_file():
             raise FileNotFoundError(f"{what}: {path} not found (RUN_DIR is the folder a fit wrote)")
+    overrides = _joined(overrides)
     bad = [
         o for o in overrides if not o.startswith(("--data.", "--model.", "--trainer.", "--seed_everything"))
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from splitlab.commands.arguments import positive_int
+from splitlab.commands.arguments import positive_int, seed_value
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     shapes.add_argument("--train", type=positive_int, default=600, help="training images per class")
     shapes.add_argument("--val", type=positive_int, default=150, help="validation images per class")
     shapes.add_argument("--test", type=positive_int, default=150, help="test images per class")
-    shapes.add_argument("--seed", type=int, default=0)
+    shapes.add_argument("--seed", type=seed_value, default=0)
     shapes.add_argument("--format", choices=("imagefolder", "hf"), default="imagefolder")
     shapes.add_argument("--detail", type=positive_int, default=2, help="pattern feature width in pixels")
     shapes.add_argument(
@@ -36,13 +36,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         scenes.add_argument("--image-size", type=positive_int, default=128)
         scenes.add_argument("--train", type=positive_int, default=400, help="training images")
         scenes.add_argument("--val", type=positive_int, default=100, help="validation images")
-        scenes.add_argument("--seed", type=int, default=0)
+        scenes.add_argument("--seed", type=seed_value, default=0)
     vqa = kinds.add_parser("vqa", help="VQAv2-layout questions on coloured, patterned squares")
     vqa.add_argument("--out", required=True, help="output directory")
     vqa.add_argument("--image-size", type=positive_int, default=128)
     vqa.add_argument("--train", type=positive_int, default=300, help="training images (3-4 questions each)")
     vqa.add_argument("--val", type=positive_int, default=80, help="validation images")
-    vqa.add_argument("--seed", type=int, default=0)
+    vqa.add_argument("--seed", type=seed_value, default=0)
     vqa.add_argument("--format", choices=("official", "hf"), default="official")
     vqa.add_argument(
         "--square",

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from splitlab.commands.arguments import seed_value
 from splitlab.report import format_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     demo.add_argument(
         "--out", default="runs/demo", help="run directory (summary.json and token maps land here)"
     )
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=seed_value, default=0)
     demo.add_argument("--task", choices=sorted(PIPELINES), default="classification", help="which CI twin")
     demo.add_argument(
         "--policy",
@@ -73,7 +74,7 @@ def generate_for(task: str, out: Path, seed: int, background: str = "busy") -> N
             out,
             image_size=64,
             train=1200,
-            val=150,
+            val=450,
             seed=seed,
             square=(0.19, 0.25),
             shade=0.35,
@@ -127,7 +128,12 @@ def run_pipeline(
     dense backbone) are reused when ``out`` already holds them, or taken from the run ``reuse``
     (so that SPLIT and APT start from the same data and backbone).
     """
-    from splitlab.cli import lightning_main
+    from splitlab.cli import lightning_main, stop_code
+
+    def fit(args: list[str]) -> None:
+        code = stop_code(lightning_main(args))
+        if code:  # stopped by a signal (Ctrl-C, SIGTERM): the stage is unfinished, so is the demo
+            raise SystemExit(code)
 
     if task not in PIPELINES:
         raise ValueError(f"task={task!r}: expected one of {sorted(PIPELINES)}")
@@ -156,14 +162,17 @@ def run_pipeline(
     if quiet:
         overrides += ["--trainer.enable_progress_bar=false"]
     pretrain = source / "pretrain" / "checkpoints" / "last.ckpt"
-    if not pretrain.exists() and reuse is not None:
-        raise FileNotFoundError(f"--reuse {reuse}: no dense backbone there ({pretrain})")
-    if not pretrain.exists():
+    finished = source / "pretrain" / ".complete"  # last.ckpt alone may be an interrupted stage's
+    if not finished.exists() and reuse is not None:
+        raise FileNotFoundError(f"--reuse {reuse}: no finished dense backbone there ({finished})")
+    if not finished.exists():
         dense = REPO / "configs" / "ci" / PIPELINES[task][2]
         version = "--trainer.logger.init_args.version=pretrain"
-        lightning_main(["fit", *ci_recipe(task), "--config", str(dense), *overrides, version, *extra])
+        fit(["fit", *ci_recipe(task), "--config", str(dense), *overrides, version, *extra])
+        finished.parent.mkdir(parents=True, exist_ok=True)
+        finished.write_text("")
     version = "--trainer.logger.init_args.version="
-    lightning_main(
+    fit(
         [
             "fit",
             *ci_recipe(task),

@@ -183,10 +183,10 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
                 )
             self.tokenizer.operating_points.check(budget, "eval_budgets")
         self.max_tokens = self._cap(hp.max_fraction)
-        # APT's per-level entropy cuts when it is the trained policy, and the budget they meet (NaN
-        # until `recalibrate` sets them from the calibration sample)
-        self.register_buffer("apt_cuts", torch.full((self.levels.num - 1,), float("nan")))
-        self.register_buffer("apt_fraction", torch.tensor(float("nan")))
+        # APT's per-level entropy cuts when it is the trained policy, and the budget they meet (-1:
+        # not set yet; `recalibrate` sets them from the calibration sample)
+        self.register_buffer("apt_cuts", torch.zeros(self.levels.num - 1))
+        self.register_buffer("apt_fraction", torch.tensor(-1.0))
         self.head = self.configure_head()
         self.budget_sampler = BudgetSampler(len(points))
         self.controller = FractionController(

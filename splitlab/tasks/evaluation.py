@@ -55,7 +55,7 @@ class PolicyEvaluation:
         )
 
     def apt_ready(self, fraction: float) -> bool:
-        """Whether APT's fixed cuts are set for ``fraction`` (False while they are NaN)."""
+        """Whether APT's fixed cuts are set for ``fraction`` (``apt_fraction`` is -1 until they are)."""
         return abs(float(self.apt_fraction) - fraction) < 1e-6
 
     def policy_names(self) -> list[str]:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 
 class TaskState:
@@ -161,6 +162,13 @@ class TaskState:
         if "stage" in state:
             self.stage = state["stage"]
         states = state.get("generators", [state["generator"]] if "generator" in state else [])
+        ranks = self.trainer.world_size if self._trainer is not None else 1
+        if states and len(states) != ranks:
+            rank_zero_warn(
+                f"the checkpoint was saved by {len(states)} rank(s), this run has {ranks}: the sampling "
+                "streams of ranks it lacks start fresh, and a mid-epoch resume skips another share of the "
+                f"data; resume on {len(states)} rank(s) to continue exactly"
+            )
         if states:
             self._generator = None
             self._pending_generator_state = states[self.rank].clone() if self.rank < len(states) else None

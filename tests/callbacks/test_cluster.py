@@ -45,7 +45,10 @@ def test_sigusr1_checkpoints_requeues_and_resumes_exactly(shapes_root, tmp_path)
     saved = torch.load(job / "hpc_ckpt_1.ckpt", weights_only=False)
     assert saved["splitlab"]["stage"] == "ppo" and saved["epoch"] == 1
 
+    logged = (job / "logs" / "metrics.csv").read_text().splitlines()
     slurm_fit(shapes_root, job, tmp_path / "probe_resumed", [], fake_bin)  # the requeued job, same command
+    # the requeued job wrote on in the same log folder and kept what the first slot logged
+    assert (job / "logs" / "metrics.csv").read_text().splitlines()[1 : len(logged)] == logged[1:]
     for rank in (0, 1):
         ref = torch.load(tmp_path / "probe_reference" / f"rank{rank}.pt", weights_only=False)
         got = torch.load(tmp_path / "probe_resumed" / f"rank{rank}.pt", weights_only=False)
@@ -81,5 +84,5 @@ def test_a_job_that_could_not_be_requeued_warns_and_fails(tmp_path, monkeypatch,
     requeue = SlurmRequeue()
     requeue.checkpoint = str(tmp_path / "hpc_ckpt_1.ckpt")
     with pytest.warns(UserWarning, match=f"scontrol requeue 4242 failed .*--ckpt_path {requeue.checkpoint}"):
-        requeue.after_checkpoint(SimpleNamespace(is_global_zero=True), signal.SIGUSR1)
+        requeue.after_checkpoint(SimpleNamespace(is_global_zero=True, loggers=[]), signal.SIGUSR1)
     assert requeue.exit_code == 128 + signal.SIGUSR1

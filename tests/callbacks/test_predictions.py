@@ -8,11 +8,11 @@ from types import SimpleNamespace
 from splitlab.callbacks import LayoutWriter
 
 
-def predict(writer: LayoutWriter, rank: int, world_size: int, log_dir, batches) -> None:
+def predict(writer: LayoutWriter, rank: int, world_size: int, log_dir, batches, indices=None) -> None:
     trainer = SimpleNamespace(global_rank=rank, world_size=world_size, log_dir=str(log_dir))
     writer.on_predict_start(trainer, None)
     for index, records in enumerate(batches):
-        writer.write_on_batch_end(trainer, None, records, None, None, index, 0)
+        writer.write_on_batch_end(trainer, None, records, indices and indices[index], None, index, 0)
 
 
 def test_each_rank_writes_its_own_file_and_a_new_run_starts_it_afresh(tmp_path) -> None:
@@ -26,3 +26,10 @@ def test_each_rank_writes_its_own_file_and_a_new_run_starts_it_afresh(tmp_path) 
     predict(writer, 0, 1, tmp_path, [[{"i": 2}]])  # the second run replaces the first
     assert (tmp_path / "out" / "layouts.jsonl").read_text().splitlines() == ['{"i": 2}']
     assert not (tmp_path / "layouts.jsonl").exists()
+
+
+def test_each_record_names_its_image_in_the_dataset(tmp_path) -> None:
+    """Under DDP rank 1 predicts samples 1, 3, 5, ...: the record carries the dataset index."""
+    predict(LayoutWriter(), 1, 2, tmp_path, [[{"i": 0}, {"i": 1}], [{"i": 2}]], indices=[[1, 3], [5]])
+    lines = (tmp_path / "layouts.rank1.jsonl").read_text().splitlines()
+    assert [json.loads(line)["dataset_index"] for line in lines] == [1, 3, 5]

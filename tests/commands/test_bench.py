@@ -86,6 +86,12 @@ def test_bench_from_a_checkpoint(shapes_root, tmp_path) -> None:
     assert result["config"]["levels"] == [32, 16, 8]
     assert result["policy_cut"] is None  # the trained policy decides, at its own budget
     assert result["token_fraction"] == pytest.approx(0.5, abs=0.1) and result["ideal_speedup"] > 1.0
+    larger = run_bench(  # the checkpoint at another input size: both paths run at it
+        BenchConfig(
+            ckpt=str(tmp_path / "checkpoints" / "last.ckpt"), img_size=96, batch_size=2, warmup=0, iters=1
+        )
+    )
+    assert larger["config"]["img_size"] == [96, 96] and larger["tokens_uniform"] == 144
 
     apt = tmp_path / "apt"  # a run that trains APT: its decision module never trained, bench refuses it
     fit_args = [
@@ -116,6 +122,7 @@ def test_bench_from_a_checkpoint(shapes_root, tmp_path) -> None:
             "--fraction=0.1 is outside the range",
         ),
         (BenchConfig(model="test_vit", dtype="float8"), "--dtype float8"),
+        (BenchConfig(model="test_vit", compile=True, warmup=0), "--compile with --warmup 0 would time"),
     ],
 )
 def test_bench_refusals(cfg, message) -> None:

@@ -75,6 +75,39 @@ def test_what_does_not_change_the_data_is_accepted(tmp_path, monkeypatch, made, 
     finished_demo(base, background="flat" if not made else "busy", **made)
     (base / "pretrain" / "checkpoints").mkdir(parents=True)
     (base / "pretrain" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (base / "pretrain" / ".complete").write_text("")
     monkeypatch.setattr(splitlab.cli, "lightning_main", started)
     with pytest.raises(Started):
         main(["demo", *(a.format(base=base, tmp=tmp_path) for a in argv)])
+
+
+def test_a_stopped_stage_stops_the_demo_and_is_not_reused(tmp_path, monkeypatch) -> None:
+    """Ctrl-C in the dense stage leaves a last.ckpt of an earlier epoch: the demo stops with the
+    signal's exit code, and the next demo trains the dense backbone again instead of reusing it."""
+    from types import SimpleNamespace
+
+    import splitlab.cli
+    from splitlab.callbacks import GracefulStop
+    from splitlab.commands.demo import run_pipeline
+
+    finished_demo(tmp_path)
+    stages = []
+
+    def fake_fit(args):
+        stages.append("pretrain" if any("version=pretrain" in a for a in args) else "split")
+        stop = GracefulStop()
+        stop.stopped_by = 2 if interrupt and stages[-1] == "pretrain" else None  # SIGINT
+        return SimpleNamespace(trainer=SimpleNamespace(callbacks=[stop]))
+
+    monkeypatch.setattr(splitlab.cli, "lightning_main", fake_fit)
+    interrupt = True
+    with pytest.raises(SystemExit) as stopped:
+        run_pipeline(tmp_path, quiet=True)
+    assert stopped.value.code == 130 and stages == ["pretrain"]
+    assert not (tmp_path / "pretrain" / ".complete").exists()
+    interrupt = False
+    (tmp_path / "summary.json").write_text("{}")
+    run_pipeline(tmp_path, quiet=True)
+    assert stages == ["pretrain", "pretrain", "split"] and (tmp_path / "pretrain" / ".complete").exists()
+    run_pipeline(tmp_path, quiet=True)  # finished now: only the SPLIT stage runs again
+    assert stages[3:] == ["split"]

@@ -167,3 +167,28 @@ def test_the_hard_cap_gives_a_static_bound_on_every_image() -> None:
         tokenizer.operating_points.update(0, calibrate_threshold(tokenizer.decision_logits(tokens), 0.9))
         layout = tokenizer(x, backbone, max_tokens=128)
     assert max(layout.seqlens) <= 128 < max(tokenizer(x, backbone).seqlens)
+
+
+@pytest.mark.parametrize("backend", ["auto", "flash"])
+def test_bench_records_the_backend_it_timed(backend) -> None:
+    """Under bf16 autocast the layout tokens stay float32, but attention runs in bf16: the backend
+    is chosen (and reported) for bf16, so flash runs where it is installed."""
+    import importlib.util
+
+    from splitlab.commands.bench import BenchConfig, run_bench
+
+    has_flash = importlib.util.find_spec("flash_attn") is not None
+    if backend == "flash" and not has_flash:
+        pytest.skip("flash-attn is not installed")
+    cfg = BenchConfig(
+        model="vit_base_patch16_224",
+        device="cuda",
+        dtype="bfloat16",
+        attn_backend=backend,
+        fraction=0.7,
+        batch_size=8,
+        warmup=1,
+        iters=1,
+    )
+    expected = "flash" if has_flash else "nested"
+    assert run_bench(cfg)["attn_backend"] == expected

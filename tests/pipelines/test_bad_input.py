@@ -426,21 +426,27 @@ def test_an_unwritable_picture_folder_is_a_warning(shapes_root, tmp_path) -> Non
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 
-def test_sigterm_leaves_a_checkpoint_and_last_resumes_the_unversioned_run(
-    shapes_root, tmp_path, capsys
-) -> None:
-    stop = {
-        "class_path": "tests.helpers.SignalAt",
-        "init_args": {"epoch": 1, "batch": 1, "signal_name": "SIGTERM"},
-    }
+def stopped_at(epoch: int, batch: int, rl_epochs: int) -> tuple[dict, dict, dict]:
+    """Callbacks of a run that SIGTERM stops at ``batch`` of ``epoch``: schedule, checkpoint, signal."""
     schedule = {
         "class_path": "splitlab.callbacks.SplitSchedule",
-        "init_args": {"warm_start_epochs": 1, "rl_epochs": 2},
+        "init_args": {"warm_start_epochs": 1, "rl_epochs": rl_epochs},
     }
     checkpoint = {
         "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
         "init_args": {"save_last": True},
     }
+    stop = {
+        "class_path": "tests.helpers.SignalAt",
+        "init_args": {"epoch": epoch, "batch": batch, "signal_name": "SIGTERM"},
+    }
+    return schedule, checkpoint, stop
+
+
+def test_sigterm_leaves_a_checkpoint_and_last_resumes_the_unversioned_run(
+    shapes_root, tmp_path, capsys
+) -> None:
+    schedule, checkpoint, stop = stopped_at(epoch=1, batch=1, rl_epochs=2)
     unversioned = [
         "--trainer.logger.init_args.name=run",
         "--trainer.logger.init_args.version=null",
@@ -470,6 +476,40 @@ def test_sigterm_leaves_a_checkpoint_and_last_resumes_the_unversioned_run(
     assert state["epoch"] == 2 and state["splitlab"]["stage"] == "ppo"
 
 
+def test_a_stop_after_an_epochs_last_batch_still_validates_and_saves_that_epoch(
+    shapes_root, tmp_path
+) -> None:
+    """The epoch is complete (a resume starts the next one): skipping its validation and checkpoint
+    would leave them missing for good."""
+    schedule, checkpoint, stop = stopped_at(epoch=0, batch=2, rl_epochs=1)
+    args = tiny_args(shapes_root, tmp_path, f"--trainer.callbacks={json.dumps([schedule, checkpoint, stop])}")
+    with pytest.raises(SystemExit) as exit_:  # 24 images in batches of 8: batch 2 is epoch 0's last
+        main(["fit", *args])
+    assert exit_.value.code == 128 + 15 and (tmp_path / "checkpoints" / "interrupted.ckpt").is_file()
+    assert list((tmp_path / "checkpoints").glob("epoch=0-*.ckpt"))
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert any(r.get("epoch") == "0" and r.get("val/fraction") for r in rows)
+    assert not any(r.get("epoch") == "1" for r in rows)
+
+
+def test_resuming_an_earlier_checkpoint_logs_the_lost_epoch_once(shapes_root, tmp_path) -> None:
+    """Resumed from an earlier epoch's checkpoint (as after a crash), ``metrics.csv`` keeps the rows up
+    to it and the resumed epoch's rows once (Lightning logs by batches, not by optimizer steps, which
+    PPO takes several of per batch); ``--ckpt_path last`` finds the unversioned run's checkpoints."""
+
+    def per_epoch() -> dict[str, int]:
+        rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+        return {e: sum(r.get("epoch") == e for r in rows) for e in ("0", "1")}
+
+    main(fit_args(shapes_root, tmp_path))  # a warm-start epoch, then a PPO epoch
+    first = per_epoch()
+    epoch0 = next((tmp_path / "checkpoints").glob("epoch=0-*.ckpt"))
+    main([*fit_args(shapes_root, tmp_path), f"--ckpt_path={epoch0}"])
+    assert per_epoch() == first and first["1"] > 0
+    main([*fit_args(shapes_root, tmp_path), "--ckpt_path=last"])  # found, and finished: nothing to train
+    assert per_epoch() == first
+
+
 # ------------------------------------------------------------------------------------- commands
 COMMANDS = [
     (["bench", "--batch-size", "0"], "argument --batch-size: 0 is not a positive integer"),
@@ -489,6 +529,9 @@ COMMANDS = [
         "argument --image-size: -4 is not a positive integer",
     ),
     (["data", "shapes", "--out", "x", "--image-size", "16"], "image_size=16: use at least 32 px"),
+    (["data", "coco", "--out", "x", "--image-size", "8"], "image_size=8: use at least 32 px"),
+    (["data", "ade20k", "--out", "x", "--seed", "-1"], "argument --seed: -1 is not a seed in [0, 2**32)"),
+    (["demo", "--seed", "4294967296"], "argument --seed: 4294967296 is not a seed"),
 ]
 
 

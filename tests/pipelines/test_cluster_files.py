@@ -164,3 +164,5 @@ def test_fsdp_without_sharding_is_refused() -> None:
 
     with pytest.raises(ValueError, match="sharding_strategy=NO_SHARD: .*use trainer.strategy=ddp"):
         BlockFSDPStrategy(sharding_strategy="NO_SHARD")
+    with pytest.raises(ValueError, match="state_dict_type=sharded: .*use state_dict_type=full"):
+        BlockFSDPStrategy(state_dict_type="sharded")

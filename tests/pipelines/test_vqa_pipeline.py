@@ -4,8 +4,9 @@ checkpoint (predict writes the official results file).
 
 The twin's data (`generate_for`): one patterned square per scene, the pattern question plus one coarse
 question per image, so its from-scratch 2-layer LM learns to read the pattern within the dense stage
-(docs/vqa.md). Measured over seeds 0-2 (docs/vqa.md): learned - random +0.098 / +0.081 / +0.096 overall,
-+0.18 / +0.19 / +0.21 on the pattern question; learned - uniform +0.004 / -0.008 / -0.011."""
+(docs/vqa.md). Measured over seeds 0-2 on its 450 validation images (docs/vqa.md): learned - random
++0.097 / +0.107 / +0.116 overall, +0.22 / +0.22 / +0.22 on the pattern question; learned - uniform
+-0.007 / -0.012 / -0.018."""
 
 from __future__ import annotations
 

@@ -165,7 +165,8 @@ def test_bad_budget_settings_are_refused(shapes_root, tmp_path, setting, message
 def test_curve_of_a_run(conditioned, shapes_root, tmp_path) -> None:
     out = tmp_path / "curve"
     args = ["curve", str(conditioned), "--fractions", "0.35,0.6", "--out", str(out)]
-    assert run([*args, f"--data.init_args.root={shapes_root}", "--trainer.enable_progress_bar=false"]) == 0
+    # an override as two words, as a shell user types it, is passed on as one
+    assert run([*args, "--data.init_args.root", str(shapes_root), "--trainer.enable_progress_bar=false"]) == 0
     record = json.loads((out / "curve.json").read_text())
     assert record["task"] == "classification" and record["metric"] == "top1"
     assert [p["target"] for p in record["points"]] == [0.35, 0.6]

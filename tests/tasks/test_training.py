@@ -55,6 +55,7 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
     )  # the task adds a LayoutWriter
     lines = [json.loads(line) for line in (out / "layouts.jsonl").read_text().splitlines()]
     assert len(lines) == 12  # 3 test images x 4 classes
+    assert [rec["dataset_index"] for rec in lines] == list(range(12))  # which image, in dataset order
     for rec in lines:
         area = sum((x1 - x0) * (y1 - y0) for x0, y0, x1, y1, _ in rec["tokens"])
         assert area == 64 * 64 and rec["token_fraction"] == pytest.approx(len(rec["tokens"]) / 64)
@@ -206,7 +207,7 @@ def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_
     # APT splits at fixed per-level cuts (set from the calibration sample, checkpointed), so each
     # image's layout is its own: alone or in a batch, the same
     model = cli.model.eval()
-    assert torch.isfinite(warmed["apt_cuts"]).all() and model.apt_ready(0.5)
+    assert float(warmed["apt_fraction"]) == 0.5 and warmed["apt_cuts"].gt(0).all() and model.apt_ready(0.5)
     images = torch.stack([cli.datamodule.datasets["val"][i][0] for i in range(8)])
     with torch.no_grad():
         together = model.layout(images, policy="entropy")
@@ -214,3 +215,16 @@ def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_
     assert torch.equal(together.fraction, torch.cat([a.fraction for a in alone]))
     with pytest.raises(ValueError, match="budgets=\\[0.3, 0.7\\] needs policy='learned'"):
         fit(shapes_root, tmp_path / "bad", "--model.init_args.policy=entropy")
+
+
+def test_a_resume_on_another_number_of_ranks_is_named() -> None:
+    """Each rank's sampling stream and share of a mid-epoch skip belong to the rank count that saved
+    them: resuming a 2-rank checkpoint on 1 rank continues, with a warning saying what differs."""
+    from splitlab.tasks import ClassificationTask
+    from tests.tasks.test_per_image_loss import TINY
+
+    task = ClassificationTask(num_classes=4, **TINY)
+    states = [torch.Generator().manual_seed(seed).get_state() for seed in (0, 1)]
+    with pytest.warns(UserWarning, match=r"saved by 2 rank\(s\), this run has 1: .*resume on 2 rank\(s\)"):
+        task.on_load_checkpoint({"splitlab": {"generators": states, "stage": "ppo"}})
+    assert task.stage == "ppo" and torch.equal(task.generator.get_state(), states[0])
