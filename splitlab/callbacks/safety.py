@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 
@@ -123,6 +124,14 @@ class GracefulStop(Callback):
         self._restore()  # a failed run leaves Ctrl-C to the caller (a notebook, the demo) as it was
 
 
+def _file_info(fs: Any, path: str) -> dict[str, Any] | None:
+    """What the file system says about ``path`` (size, modification time, ...), or None if absent."""
+    try:
+        return dict(fs.info(path))
+    except FileNotFoundError:
+        return None
+
+
 class VerifiedCheckpointIO(TorchCheckpointIO):
     """Torch checkpoint IO that makes sure the file was written, retries, and then stops the run.
 
@@ -140,16 +149,20 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
         self.retries, self.wait = retries, wait
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        target = Path(path)
+        target = str(path)
+        fs = get_filesystem(target)  # a local folder, or s3://, gs://, ... as Lightning writes them
         problem: BaseException | str = "nothing was written"
         for attempt in range(self.retries + 1):
-            started = time.time()
+            before = _file_info(fs, target)
             try:
                 super().save_checkpoint(checkpoint, path, storage_options)
             except OSError as err:
                 problem = err
             else:
-                if target.is_file() and target.stat().st_size > 0 and target.stat().st_mtime >= started - 1:
+                # written by this save: there, not empty, and not the file that was there before (the
+                # file system's own size/time/inode, never this machine's clock against a server's)
+                after = _file_info(fs, target)
+                if after is not None and after.get("size", 0) > 0 and after != before:
                     return
                 problem = "nothing was written"
             if attempt < self.retries:
