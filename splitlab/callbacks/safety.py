@@ -225,7 +225,10 @@ class SkippedSamples(Callback):
             self.reported = True
             rank_zero_warn(f"{when}: {message}")
 
-    def _hint(self) -> None:
+    def _end(self, trainer: Trainer, pl_module: LightningModule | None = None, when: str = "") -> None:
+        """A run's end: its last report (``when``), then the hint if anything was skipped."""
+        if when:
+            self._report(trainer, pl_module, when)
         if self.reported:
             rank_zero_info("splitlab: set data.init_args.strict=true to stop at the first bad sample instead")
             self.reported = False
@@ -234,17 +237,14 @@ class SkippedSamples(Callback):
         self._report(trainer, pl_module, f"epoch {trainer.current_epoch}")
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._hint()
+        self._end(trainer)  # the last epoch's report was made at its end
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == "validate":  # in a fit, the epoch's report covers its validation
-            self._report(trainer, pl_module, "validate")
-            self._hint()
+            self._end(trainer, pl_module, "validate")
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._report(trainer, pl_module, "test")
-        self._hint()
+        self._end(trainer, pl_module, "test")
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._report(trainer, pl_module, "predict")
-        self._hint()
+        self._end(trainer, pl_module, "predict")

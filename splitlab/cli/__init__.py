@@ -35,6 +35,14 @@ DEFAULT_CALLBACKS = (SplitSchedule, ResumePosition, LayoutWriter, GracefulStop, 
 HPC_NAME = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 
 
+def hpc_checkpoints(root: Path) -> list[Path]:
+    """The ``hpc_ckpt_N.ckpt`` files SLURM requeues leave in ``root``, by N."""
+    numbered = [
+        (int(m.group(1)), p) for p in root.glob("hpc_ckpt_*.ckpt") if (m := HPC_NAME.fullmatch(p.name))
+    ]
+    return [p for _, p in sorted(numbered)]
+
+
 class SplitLabCLI(LightningCLI):
     """LightningCLI over any `SplitTask` and DataModule, adding the callbacks every run needs.
 
@@ -93,13 +101,10 @@ class SplitLabCLI(LightningCLI):
         checkpoint, and the run's ``metrics.csv`` history kept (Lightning's writer deletes it)."""
         if subcommand != "fit" or not SLURMEnvironment.detect():
             return None
-        root = Path(self.config[subcommand]["trainer"].get("default_root_dir") or ".")
-        numbered = [
-            (int(m.group(1)), p) for p in root.glob("hpc_ckpt_*.ckpt") if (m := HPC_NAME.fullmatch(p.name))
-        ]
+        numbered = hpc_checkpoints(Path(self.config[subcommand]["trainer"].get("default_root_dir") or "."))
         if not numbered:
             return None
-        path = str(max(numbered)[1])
+        path = str(numbered[-1])  # the highest N, as Lightning picks
         rank_zero_info(f"splitlab: requeued SLURM job: resuming from {path}")
         self.config[subcommand]["ckpt_path"] = path
         return path
@@ -127,7 +132,7 @@ class SplitLabCLI(LightningCLI):
             folders = [root, *sorted((root / "lightning_logs").glob("version_*"))]
         found = [p for folder in folders for p in (folder / "checkpoints").glob("*.ckpt")]
         if which == "hpc":
-            found += list(root.glob("hpc_ckpt_*.ckpt"))
+            found += hpc_checkpoints(root)
         if not found:
             raise FileNotFoundError(
                 f"ckpt_path={which}: no checkpoint under {base} (searched {len(folders)} run folder(s)); "
@@ -161,9 +166,7 @@ class SplitLabCLI(LightningCLI):
     def before_fit(self) -> None:
         """A resumed fit keeps the history of its ``metrics.csv`` (Lightning's CSV writer deletes it)."""
         step = getattr(self, "_resume_step", None)
-        if (
-            not self.trainer.is_global_zero
-        ):  # other ranks' loggers write nothing (their experiment is a dummy)
+        if not self.trainer.is_global_zero:  # other ranks' loggers write nothing (a dummy experiment)
             return
         for logger in self.trainer.loggers if step is not None else []:
             if isinstance(logger, CSVLogger):

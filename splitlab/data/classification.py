@@ -113,9 +113,8 @@ class ImageClassificationData(SplitDataModule):
         splits = self.hf_splits()
         if name in splits and not self.classes and hp.label_column in splits[name].column_names:
             names = getattr(splits[name].features[hp.label_column], "names", None)
-            if (
-                not names
-            ):  # plain integer labels: the classes are 0..max, so the model is checked against them
+            # plain integer labels: the classes are 0..max, so the model is checked against them
+            if not names:
                 top = max(splits[name][hp.label_column], default=-1)
                 names = [str(i) for i in range(int(top) + 1)]
             self.classes = list(names)

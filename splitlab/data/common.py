@@ -90,8 +90,9 @@ class BadSample(ValueError):
     differs from its image): skipped and counted like an unreadable image unless ``strict``."""
 
 
-# PIL's errors for unreadable images (a decompression bomb is an image too large to trust), bad labels
-UNUSABLE = (OSError, SyntaxError, Image.DecompressionBombError, BadSample)
+# PIL's errors for an unreadable image (a decompression bomb is one too large to trust)
+UNREADABLE = (OSError, SyntaxError, Image.DecompressionBombError)
+UNUSABLE = (*UNREADABLE, BadSample)  # what `SkipCorrupt` skips
 
 
 def shared_counter() -> tuple[Any, str]:

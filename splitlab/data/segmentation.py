@@ -21,7 +21,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from tqdm.auto import tqdm
 
-from splitlab.data.common import BadSample, PadTo, SkipCorrupt, SplitDataModule, require_dir
+from splitlab.data.common import UNREADABLE, BadSample, PadTo, SkipCorrupt, SplitDataModule, require_dir
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 CHECKED_LABELS = 16  # masks whose labels are read before training (all sizes are, from the headers)
@@ -66,18 +66,14 @@ class SegmentationFolder(Dataset):
         for image_path, ann_path in progress:
             try:
                 image, mask = Image.open(image_path), Image.open(ann_path)
-            except (OSError, SyntaxError):  # unreadable: skipped and counted when read (or strict's error)
+            except UNREADABLE:  # skipped and counted when read (or strict's error)
                 continue
             with image, mask:
-                if image.size != mask.size:
-                    raise ValueError(
-                        f"annotation {ann_path}: size {mask.size[1]}x{mask.size[0]} differs from its image "
-                        f"{image_path.name} ({image.size[1]}x{image.size[0]})"
-                    )
+                check_size(str(ann_path), mask.size[::-1], image.size[::-1])
         for _, ann_path in pairs[:labelled]:
             try:
                 raw = np.asarray(Image.open(ann_path))
-            except (OSError, SyntaxError):
+            except UNREADABLE:
                 continue
             labels(
                 raw,
@@ -102,6 +98,16 @@ class SegmentationFolder(Dataset):
             self.reduce_zero_label,
             self.transform,
             str(ann_path),
+        )
+
+
+def check_size(
+    name: str, mask_hw: tuple[int, int], image_hw: tuple[int, int], error: type[Exception] = ValueError
+) -> None:
+    """A mask must have its image's (height, width); ``error`` names the annotation when it has not."""
+    if tuple(mask_hw) != tuple(image_hw):
+        raise error(
+            f"annotation {name}: size {mask_hw[0]}x{mask_hw[1]} differs from its image ({image_hw[0]}x{image_hw[1]})"
         )
 
 
@@ -135,10 +141,7 @@ def encode(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Map raw annotation values to classes, check them, transform image and mask together."""
     classes = labels(raw, num_classes, ignore_index, reduce_zero_label, name)
-    if classes.shape != (image.height, image.width):
-        raise BadSample(
-            f"annotation {name}: size {tuple(classes.shape)} differs from its image ({image.height}, {image.width})"
-        )
+    check_size(name, tuple(classes.shape), (image.height, image.width), BadSample)
     img, mask = transform(tv_tensors.Image(v2.functional.pil_to_tensor(image)), tv_tensors.Mask(classes))
     return img, mask.as_subclass(torch.Tensor).long()
 
@@ -245,15 +248,11 @@ class ADE20KData(SplitDataModule):
                 item = f"{rows.dataset.name}[{index}]"
                 try:
                     row = split[index]
-                except (OSError, SyntaxError):  # an undecodable image: skipped and counted when read
+                except UNREADABLE:  # an undecodable image: skipped and counted when read
                     continue
                 raw = np.asarray(row[hp.label_column])
                 labels(raw, hp.num_classes, hp.ignore_index, hp.reduce_zero_label, item)
-                width, height = row[hp.image_column].size
-                if raw.shape[:2] != (height, width):
-                    raise ValueError(
-                        f"annotation {item}: size {raw.shape[0]}x{raw.shape[1]} differs from its image ({height}x{width})"
-                    )
+                check_size(item, raw.shape[:2], row[hp.image_column].size[::-1])
         return rows
 
     @property

@@ -248,7 +248,7 @@ class LanguageBridge(nn.Module):
         """
         embed = self.lm.get_input_embeddings()
         device, dtype = embed.weight.device, embed.weight.dtype
-        rows, targets, owner = [], [], []
+        rows, targets, owner, longest = [], [], [], 0
         for i, (tokens, asked) in enumerate(zip(visual, questions, strict=True)):
             for j, question in enumerate(asked):
                 before = self._ids(self.before.format(question=question))  # the question may come first
@@ -263,10 +263,10 @@ class LanguageBridge(nn.Module):
                 labels = torch.full((rows[-1].shape[0],), -100, dtype=torch.long, device=device)
                 if answer:
                     labels[-len(answer) :] = torch.tensor(answer, device=device)
+                    longest = max(longest, len(answer))
                 targets.append(labels)
                 owner.append(i)
         inputs, mask = causal_inputs(rows)
-        longest = max((int((t != -100).sum()) for t in targets), default=0) if answers is not None else 0
         return inputs, mask, left_pad(targets, value=-100), torch.tensor(owner, device=device), longest
 
     def per_image_loss(

@@ -114,7 +114,6 @@ def test_detections_on_a_crowd_are_ignored_as_cocoeval_does() -> None:
 @pytest.mark.parametrize("detector", ["faster_rcnn", "mask_rcnn"])
 def test_detection_per_image_loss_and_metrics(tmp_path, detector) -> None:
     from splitlab.data import CocoDetectionData, generate_coco
-    from splitlab.tasks import DetectionTask
 
     root = generate_coco(tmp_path / "coco", image_size=64, train=4, val=2)
     dm = CocoDetectionData(
@@ -122,19 +121,7 @@ def test_detection_per_image_loss_and_metrics(tmp_path, detector) -> None:
     )
     dm.setup("fit")
     images, targets = next(iter(dm.train_dataloader()))
-    task = DetectionTask(
-        num_classes=3,
-        detector=detector,
-        backbone="vit_tiny_patch16_224",
-        backbone_kwargs={"img_size": 64, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2},
-        levels=[32, 16, 8],
-        pyramid_channels=16,
-        pyramid_indices=[1],
-        anchor_sizes=[8, 16, 32, 64],
-        representation_size=32,
-        decision_dim=16,
-        decision_heads=2,
-    )
+    task = tiny_detection_task(detector=detector)
     for stage in ("warm_start", "ppo"):  # RPN proposals, then the layout-independent reference proposals
         task.stage = stage
         outputs, layout = task(images)
