@@ -18,7 +18,7 @@ class BudgetTraining:
 
     def step_budget(self) -> tuple[int, float]:
         """This step's training budget: the one target, or (budget-conditioned) a point drawn per batch,
-        more often where the task loss is high (`BudgetSampler`).
+        more often where it costs more task loss than the cheapest point (`BudgetSampler`).
 
         The draw is a function of ``(sampling_seed, global_step)`` and of reduced loss averages:
         the same on every rank (λ and the operating points are kept per point and must agree)
