@@ -6,6 +6,7 @@ from splitlab.backbone.attention import (
     PackedSequence,
     available_backends,
     check_backend_name,
+    flash_attn_importable,
     resolve_backend,
 )
 from splitlab.backbone.flops import backbone_flops, block_flops
@@ -23,5 +24,6 @@ __all__ = [
     "block_flops",
     "check_backend_name",
     "create_vit",
+    "flash_attn_importable",
     "resolve_backend",
 ]

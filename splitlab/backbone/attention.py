@@ -10,7 +10,7 @@ A packed batch is one long sequence ``(T, H, d)`` in which image ``i`` owns the 
 - ``nested``: SDPA on jagged nested tensors; on CUDA this dispatches to varlen flash or
   memory-efficient kernels without padding.
 - ``flex``: compiled ``flex_attention`` with a document block mask built once per batch.
-- ``flash``: ``flash_attn.flash_attn_varlen_func`` when the package is installed (CUDA, fp16/bf16).
+- ``flash``: ``flash_attn.flash_attn_varlen_func`` when the package imports (CUDA, fp16/bf16).
 
 ``auto`` picks ``flash`` > ``nested`` on CUDA and ``padded`` on CPU (measured here: on 2 CPU
 cores, 8 images of ~140 tokens, ViT-B heads: padded 6.7 ms, flex compiled 16.5 ms, dense 26.6 ms,
@@ -19,6 +19,7 @@ nested 58 ms per layer).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,17 +230,30 @@ class FlexBackend(AttentionBackend):
         return out[0].transpose(0, 1)[: q.shape[0]]
 
 
+@functools.cache
+def flash_attn_importable() -> bool:
+    """Whether flash-attn's varlen kernel imports here (checked once per process).
+
+    A package on disk is not enough: flash-attn wheels are built against one torch version, and
+    one built for another fails at import ("undefined symbol"). ``auto`` must then pick the next
+    backend rather than fail every CUDA forward.
+    """
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        from flash_attn import flash_attn_varlen_func  # noqa: F401
+    except (ImportError, OSError):
+        return False
+    return True
+
+
 class FlashVarlenBackend(AttentionBackend):
     """``flash_attn_varlen_func`` from the flash-attn package (CUDA, fp16/bf16)."""
 
     name = "flash"
 
     def available(self, device, dtype):
-        return (
-            device.type == "cuda"
-            and dtype in (torch.float16, torch.bfloat16)
-            and importlib.util.find_spec("flash_attn") is not None
-        )
+        return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and flash_attn_importable()
 
     def attend(self, q, k, v, seq, scale, dropout_p):
         from flash_attn import flash_attn_varlen_func

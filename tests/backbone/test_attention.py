@@ -49,3 +49,26 @@ def test_auto_backend_and_refusals() -> None:
         resolve_backend("fast", "cpu")
     with pytest.raises(ValueError, match="attn_backend='flash' is not available"):
         resolve_backend("flash", "cpu")
+
+
+@pytest.mark.parametrize("loads", [False, True], ids=["broken-wheel", "working"])
+def test_flash_is_offered_only_when_it_imports(monkeypatch, loads) -> None:
+    """A flash-attn wheel built for another torch is on disk but fails to import: ``auto`` must not
+    pick it (every CUDA forward would fail), so availability is an import, not a file lookup."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from splitlab.backbone import flash_attn_importable
+
+    fake = types.ModuleType("flash_attn")
+    fake.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
+    if loads:
+        fake.flash_attn_varlen_func = lambda *args, **kwargs: None
+    monkeypatch.setitem(sys.modules, "flash_attn", fake)
+    flash_attn_importable.cache_clear()
+    try:
+        assert BACKENDS["flash"].available(torch.device("cuda"), torch.bfloat16) is loads
+        assert not BACKENDS["flash"].available(torch.device("cuda"), torch.float32)
+    finally:
+        flash_attn_importable.cache_clear()

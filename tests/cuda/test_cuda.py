@@ -173,11 +173,10 @@ def test_the_hard_cap_gives_a_static_bound_on_every_image() -> None:
 def test_bench_records_the_backend_it_timed(backend) -> None:
     """Under bf16 autocast the layout tokens stay float32, but attention runs in bf16: the backend
     is chosen (and reported) for bf16, so flash runs where it is installed."""
-    import importlib.util
-
+    from splitlab.backbone import flash_attn_importable
     from splitlab.commands.bench import BenchConfig, run_bench
 
-    has_flash = importlib.util.find_spec("flash_attn") is not None
+    has_flash = flash_attn_importable()
     if backend == "flash" and not has_flash:
         pytest.skip("flash-attn is not installed")
     cfg = BenchConfig(
