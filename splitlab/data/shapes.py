@@ -97,6 +97,9 @@ def generate_shapes(
             coarse tokens, and every layout does well: measured random 93-97%, entropy 85%.)
         background: ``busy`` (default: pixel entropy is a poor guide) or ``flat`` (entropy is the
             right cue: the control on which a learned policy must at least match APT).
+
+    Besides the images, ``objects.json`` holds each object's box ``[x0, y0, x1, y1]`` per split,
+    keyed by the image's path under ``out`` (or by its index in the split, for ``hf``).
     """
     if image_size < 32:
         raise ValueError(f"image_size={image_size}: use at least 32 px so the object fits")
@@ -109,17 +112,22 @@ def generate_shapes(
     object_size = (image_size * 3 // 16, image_size * 5 // 16)
     counts = {"train": train, "val": val, "test": test}
     records: dict[str, list[tuple[np.ndarray, int]]] = {s: [] for s in SPLITS}
+    boxes: dict[str, list[tuple[int, int, int, int]]] = {s: [] for s in SPLITS}
     for split in SPLITS:
         for label, kind in enumerate(CLASSES):
             for _ in range(counts[split]):
-                img, _ = render(kind, rng, image_size, object_size, detail, background)
+                img, box = render(kind, rng, image_size, object_size, detail, background)
                 records[split].append((img, label))
+                boxes[split].append(box)
+    # where each object is, for analyses of where a policy put its tokens (scripts/object_misses.py)
+    objects: dict[str, dict[str, list[int]]] = {s: {} for s in SPLITS}
     if fmt == "imagefolder":
         for split, items in records.items():
             for i, (img, label) in enumerate(items):
-                path = out / split / CLASSES[label] / f"{split}_{i:05d}.png"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                Image.fromarray(img).save(path)
+                name = f"{split}/{CLASSES[label]}/{split}_{i:05d}.png"
+                (out / name).parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(img).save(out / name)
+                objects[split][name] = list(boxes[split][i])
     else:
         import datasets
 
@@ -134,6 +142,8 @@ def generate_shapes(
             for split, items in records.items()
         }
         datasets.DatasetDict(parts).save_to_disk(str(out))
+        objects = {split: {str(i): list(box) for i, box in enumerate(b)} for split, b in boxes.items()}
+    (out / "objects.json").write_text(json.dumps(objects) + "\n")
     meta = {
         "generator": "splitlab data shapes",
         "classes": list(CLASSES),

@@ -80,3 +80,22 @@ def test_plain_integer_labels_still_count_the_classes(tmp_path) -> None:
         match=r"data.val_split='val': no such split in data.hf_dataset=.*; splits: \['test', 'train', 'validation'\]",
     ):
         ImageClassificationData(hf_dataset=str(tmp_path / "plain"), num_workers=0).setup("fit")
+
+
+@pytest.mark.parametrize("fmt", ["imagefolder", "hf"])
+def test_generated_shapes_record_where_each_object_is(tmp_path, fmt) -> None:
+    """``objects.json`` names every image of every split with its object's box, inside the image and
+    of the generator's object size (what scripts/object_misses.py reads)."""
+    import json
+
+    from splitlab.data import generate_shapes
+
+    root = generate_shapes(tmp_path / fmt, train=2, val=1, test=1, fmt=fmt)
+    objects = json.loads((root / "objects.json").read_text())
+    assert {split: len(boxes) for split, boxes in objects.items()} == {"train": 8, "val": 4, "test": 4}
+    for split, boxes in objects.items():
+        for key, (x0, y0, x1, y1) in boxes.items():
+            if fmt == "imagefolder":
+                assert (root / key).is_file() and key.startswith(f"{split}/")
+            assert 0 <= x0 < x1 <= 64 and 0 <= y0 < y1 <= 64
+            assert x1 - x0 == y1 - y0 and 12 <= x1 - x0 <= 20  # squares of 3/16 to 5/16 of the side

@@ -1,0 +1,108 @@
+"""Where a classification run's learned layout misses the object: the measurement behind docs/budgets.md
+("Where the learned policy loses"), on data from `splitlab data shapes` (its ``objects.json``).
+
+    python scripts/object_misses.py RUN_DIR [--budget 0.5] [--split val]
+
+RUN_DIR is what `splitlab demo` (or a fit) leaves: ``config.yaml``, ``checkpoints/last.ckpt`` and the
+data root its config names. For each image: are all the coarsest patches the object touches split?
+Top-1 is reported for both groups, and the misses are divided into objects inside one coarse patch and
+objects straddling several (with the share of the object in the patch left whole). Uncapped layouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from PIL import Image
+
+from splitlab.tasks import ClassificationTask
+
+
+def touched(box: list[int], size: int) -> list[tuple[int, int]]:
+    """``(row, col)`` of the ``size``-px patches the box ``[x0, y0, x1, y1]`` overlaps."""
+    x0, y0, x1, y1 = box
+    return [
+        (r, c)
+        for r in range(y0 // size, (y1 - 1) // size + 1)
+        for c in range(x0 // size, (x1 - 1) // size + 1)
+    ]
+
+
+def share_in(box: list[int], patch: tuple[int, int], size: int) -> float:
+    """Share of the box's area inside one patch."""
+    x0, y0, x1, y1 = box
+    r, c = patch
+    width = max(0, min(x1, size * (c + 1)) - max(x0, size * c))
+    height = max(0, min(y1, size * (r + 1)) - max(y0, size * r))
+    return width * height / ((x1 - x0) * (y1 - y0))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--budget", type=float, default=None, help="default: the run's target_fraction")
+    parser.add_argument("--split", default="val")
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args()
+    config = yaml.safe_load((args.run / "config.yaml").read_text())
+    data = config["data"]["init_args"]
+    root = Path(data["root"])
+    boxes = json.loads((root / "objects.json").read_text())[args.split]
+    classes = sorted(d.name for d in (root / "train").iterdir() if d.is_dir())  # ImageFolder's order
+    task = ClassificationTask.load_from_checkpoint(
+        args.run / "checkpoints" / "last.ckpt", map_location="cpu"
+    ).eval()
+    budget = task.target_fraction if args.budget is None else args.budget
+    coarse = task.levels.sizes[0]
+    mean = torch.tensor(data["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(data["std"]).view(1, 3, 1, 1)
+    names = list(boxes)
+    correct, all_split, fractions = [], [], []
+    with torch.no_grad():
+        for start in range(0, len(names), args.batch_size):
+            chunk = names[start : start + args.batch_size]
+            pixels = np.stack([np.asarray(Image.open(root / n).convert("RGB")) for n in chunk])
+            images = (torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 255 - mean) / std
+            tokens, _ = task.tokenizer.embed(images, task.backbone)
+            decisions, _ = task.tokenizer.decide(tokens, "threshold", budget=budget)
+            layout = task.tokenizer.tokenize(tokens, "labels", labels=decisions, budget=budget)
+            predicted = task.forward_layout(layout).argmax(-1)
+            labels = torch.tensor([classes.index(Path(n).parent.name) for n in chunk])
+            correct += (predicted == labels).tolist()
+            fractions += layout.fraction.tolist()
+            for i, name in enumerate(chunk):
+                all_split.append([p for p in touched(boxes[name], coarse) if not decisions[0][i, p[0], p[1]]])
+    correct_arr = np.array(correct)
+    missed = np.array([bool(m) for m in all_split])
+    inside = sum(
+        1 for n, m in zip(names, all_split, strict=True) if m and len(touched(boxes[n], coarse)) == 1
+    )
+    shares = [
+        share_in(boxes[n], p, coarse)
+        for n, m in zip(names, all_split, strict=True)
+        if len(touched(boxes[n], coarse)) > 1
+        for p in m
+    ]
+    errors = int((~correct_arr).sum())
+    print(
+        f"{args.run} at budget {budget:g}: top-1 {correct_arr.mean():.3f}, fraction {np.mean(fractions):.3f}, {len(names)} images"
+    )
+    print(
+        f"  every coarse ({coarse} px) patch of the object split: {int((~missed).sum())} images, top-1 {correct_arr[~missed].mean():.3f}"
+    )
+    if missed.any():
+        share = (~correct_arr[missed]).sum() / errors if errors else 0.0
+        print(
+            f"  one left whole: {int(missed.sum())} images, top-1 {correct_arr[missed].mean():.3f} ({share:.0%} of the errors); "
+            f"object inside one patch {inside}, straddling {int(missed.sum()) - inside} "
+            f"(median share of the object in the patch left whole {np.median(shares) if shares else 0:.2f})"
+        )
+
+
+if __name__ == "__main__":
+    main()
