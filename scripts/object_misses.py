@@ -62,30 +62,30 @@ def main() -> None:
     mean = torch.tensor(data["mean"]).view(1, 3, 1, 1)
     std = torch.tensor(data["std"]).view(1, 3, 1, 1)
     names = list(boxes)
-    correct, all_split, fractions = [], [], []
+    correct, fractions = [], []
+    patches = {n: touched(boxes[n], coarse) for n in names}  # the coarse patches each object touches
+    missed_patches: list[list[tuple[int, int]]] = []  # per image, those left whole
     with torch.no_grad():
         for start in range(0, len(names), args.batch_size):
             chunk = names[start : start + args.batch_size]
             pixels = np.stack([np.asarray(Image.open(root / n).convert("RGB")) for n in chunk])
             images = (torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 255 - mean) / std
             tokens, _ = task.tokenizer.embed(images, task.backbone)
-            decisions, _ = task.tokenizer.decide(tokens, "threshold", budget=budget)
-            layout = task.tokenizer.tokenize(tokens, "labels", labels=decisions, budget=budget)
+            decisions, logits = task.tokenizer.decide(tokens, "threshold", budget=budget)
+            layout = task.tokenizer.tokenize(tokens, "labels", labels=decisions, logits=logits)
             predicted = task.forward_layout(layout).argmax(-1)
             labels = torch.tensor([classes.index(Path(n).parent.name) for n in chunk])
             correct += (predicted == labels).tolist()
             fractions += layout.fraction.tolist()
             for i, name in enumerate(chunk):
-                all_split.append([p for p in touched(boxes[name], coarse) if not decisions[0][i, p[0], p[1]]])
+                missed_patches.append([(r, c) for r, c in patches[name] if not decisions[0][i, r, c]])
     correct_arr = np.array(correct)
-    missed = np.array([bool(m) for m in all_split])
-    inside = sum(
-        1 for n, m in zip(names, all_split, strict=True) if m and len(touched(boxes[n], coarse)) == 1
-    )
+    missed = np.array([bool(m) for m in missed_patches])
+    inside = sum(1 for n, m in zip(names, missed_patches, strict=True) if m and len(patches[n]) == 1)
     shares = [
         share_in(boxes[n], p, coarse)
-        for n, m in zip(names, all_split, strict=True)
-        if len(touched(boxes[n], coarse)) > 1
+        for n, m in zip(names, missed_patches, strict=True)
+        if len(patches[n]) > 1
         for p in m
     ]
     errors = int((~correct_arr).sum())

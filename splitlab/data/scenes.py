@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from splitlab.data.shapes import pattern_mask
+from splitlab.data.shapes import check_image_size, pattern_mask
 
 STUFF = ("ground", "wall")
 THINGS = ("hstripes", "vstripes", "checks")
@@ -76,17 +76,11 @@ def render_scene(
     return (img * 255).round().astype(np.uint8), labels, instances
 
 
-def check_scene_size(image_size: int) -> None:
-    """Scenes need room for a few patterned objects: smaller images cannot place them."""
-    if image_size < 32:
-        raise ValueError(f"image_size={image_size}: use at least 32 px so the objects fit")
-
-
 def generate_ade20k(
     out: str | Path, image_size: int = 128, train: int = 400, val: int = 100, seed: int = 0
 ) -> Path:
     """Write an ADE20K-layout dataset: ``images/{training,validation}/*.jpg`` and index PNGs (0 = unlabelled)."""
-    check_scene_size(image_size)
+    check_image_size(image_size)
     out = Path(out)
     rng = np.random.default_rng(seed)
     for split, count in (("training", train), ("validation", val)):
@@ -116,7 +110,7 @@ def generate_coco(
     """Write a COCO-format detection set: ``{train,val}2017/*.png`` and ``annotations/instances_*.json`` (RLE masks)."""
     from pycocotools import mask as mask_utils
 
-    check_scene_size(image_size)
+    check_image_size(image_size)
     out = Path(out)
     rng = np.random.default_rng(seed)
     categories = [{"id": i + 1, "name": name, "supercategory": "pattern"} for i, name in enumerate(THINGS)]

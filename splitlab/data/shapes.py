@@ -72,6 +72,12 @@ def render(
     return (img * 255).round().astype(np.uint8), (x0, y0, x0 + side, y0 + side)
 
 
+def check_image_size(image_size: int) -> None:
+    """Generated images need room for their objects (shapes, COCO and ADE20K scenes alike)."""
+    if image_size < 32:
+        raise ValueError(f"image_size={image_size}: use at least 32 px so the objects fit")
+
+
 def generate_shapes(
     out: str | Path,
     image_size: int = 64,
@@ -101,8 +107,7 @@ def generate_shapes(
     Besides the images, ``objects.json`` holds each object's box ``[x0, y0, x1, y1]`` per split,
     keyed by the image's path under ``out`` (or by its index in the split, for ``hf``).
     """
-    if image_size < 32:
-        raise ValueError(f"image_size={image_size}: use at least 32 px so the object fits")
+    check_image_size(image_size)
     if fmt not in ("imagefolder", "hf"):
         raise ValueError(f"format={fmt!r}: expected 'imagefolder' or 'hf'")
     if background not in BACKGROUNDS:
