@@ -30,6 +30,37 @@ def test_bench_reports_every_key(tmp_path) -> None:
     assert 1.0 < result["ideal_speedup"] < 1.0 / 0.5  # fewer tokens, fewer FLOPs; attention is a part only
 
 
+def test_compile_gives_the_uniform_model_static_shapes_on_its_own_copy(monkeypatch) -> None:
+    """``--compile``: timm's model compiled whole with static shapes (the strongest uniform baseline), on a
+    copy, and SPLIT's blocks in place with dynamic shapes. Compilation itself is not run here (minutes on
+    CPU): the calls are recorded and the modules run eagerly."""
+    whole: list[tuple[torch.nn.Module, dict]] = []
+    blocks: list[tuple[torch.nn.Module, dict]] = []
+
+    def record_compile(module, **kwargs):
+        whole.append((module, kwargs))
+        return module
+
+    monkeypatch.setattr(torch, "compile", record_compile)
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: blocks.append((self, kwargs)))
+    cfg = BenchConfig(
+        model="test_vit",
+        img_size=64,
+        batch_size=2,
+        levels=(32, 16),
+        fraction=0.6,
+        warmup=1,
+        iters=1,
+        compile=True,
+    )
+    result = run_bench(cfg)
+    assert result["speedup"] > 0
+    (uniform, kwargs), *_ = whole
+    assert kwargs == {"dynamic": False} and isinstance(uniform, torch.nn.Module)
+    assert [kwargs for _, kwargs in blocks] == [{"dynamic": True}] * len(uniform.blocks)
+    assert not {id(block) for block, _ in blocks} & {id(block) for block in uniform.blocks}  # a copy
+
+
 def test_bench_with_a_language_model_times_the_vqa_path() -> None:
     """``--lm``: ViT + projector + the LM's prefill, both paths on the same batch (a tiny random Llama)."""
     lm = '{"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
