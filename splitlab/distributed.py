@@ -20,6 +20,20 @@ def block_parameter_ids(model: nn.Module) -> set[int]:
     return {id(p) for m in model.modules() if isinstance(m, BLOCKS) for p in m.parameters()}
 
 
+def average_gradients(params: Iterable[nn.Parameter]) -> None:
+    """Average ``params``' gradients over the ranks in one coalesced all-reduce; a parameter without a
+    gradient on a rank counts as zero there, so every rank ends with the same gradients."""
+    params = list(params)
+    if not params:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch._utils._flatten_dense_tensors(grads)
+    torch.distributed.all_reduce(flat)
+    flat /= torch.distributed.get_world_size()
+    for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+        p.grad = g
+
+
 class BlockFSDPStrategy(FSDPStrategy):
     """`FSDPStrategy` that shards each ViT / EVA block (and checkpoints its activations) and nothing else.
 
@@ -28,8 +42,8 @@ class BlockFSDPStrategy(FSDPStrategy):
     rank, as FSDP's ``ignored_states``, because SPLIT uses those modules outside the model's
     forward (calibrating operating points before validation, token-map pictures on rank 0) and
     backpropagates PPO's policy loss several times per batch, which FSDP's per-forward
-    gather/reshard would not allow. Their gradients are averaged by the task
-    (`splitlab.tasks.training`), the blocks' by FSDP's reduce-scatter; gradient clipping counts
+    gather/reshard would not allow. Their gradients are averaged by `average_gradients` (from the
+    task's `backward_synced`), the blocks' by FSDP's reduce-scatter; gradient clipping counts
     both (`clip_grad_norm`). A YAML config cannot spell FSDP's wrap policy (a set of module
     classes), hence this subclass. It also runs on CPU ranks (gloo; ``32-true`` precision), which
     Lightning's own FSDP refuses: that is how the tests fit it without a GPU. ``NO_SHARD`` is

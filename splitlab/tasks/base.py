@@ -171,18 +171,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         self.tokenizer = SplitTokenizer(
             self.backbone.embed_dim, self.levels, hp.decision_dim, hp.decision_heads, budgets=points
         )
-        self.tokenizer.operating_points.check(self.target_fraction)
-        for budget in hp.eval_budgets:
-            if hp.budgets is None and abs(budget - self.target_fraction) > 1e-6:
-                # worded from the settings: when target_fraction overrides a checkpoint's, the
-                # policy's own budget is not known here (on_load_checkpoint names it)
-                raise ValueError(
-                    f"eval_budgets={budget:g}: a policy trained for one budget (budgets: null) is "
-                    "evaluated at its target_fraction only; train a budget-conditioned policy "
-                    "(model.init_args.budgets: [lowest, highest]) to serve others"
-                )
-            self.tokenizer.operating_points.check(budget, "eval_budgets")
-        self.max_tokens = self._cap(hp.max_fraction)
+        self.check_budgets()
         # APT's per-level entropy cuts when it is the trained policy, and the budget they meet (-1:
         # not set yet; `recalibrate` sets them from the calibration sample)
         self.register_buffer("apt_cuts", torch.zeros(self.levels.num - 1))
@@ -197,17 +186,6 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
             lambda_init=hp.lambda_init,
             reduce=self._mean_over_ranks,
         )
-
-    def _cap(self, max_fraction: float | None) -> int | None:
-        """``max_fraction`` as a token count of the finest grid (None: no cap), checked against the levels."""
-        if max_fraction is None:
-            return None
-        grid = (
-            self.backbone.img_size[0] // self.levels.finest,
-            self.backbone.img_size[1] // self.levels.finest,
-        )
-        self.levels.check_fraction(max_fraction, "max_fraction")
-        return int(max_fraction * grid[0] * grid[1])
 
     def configure_head(self) -> nn.Module | None:
         """The task head on top of `PackedFeatures` (None when the timm model's own head is used)."""

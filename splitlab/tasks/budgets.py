@@ -16,6 +16,27 @@ from splitlab.tokenizer import calibrate_threshold, entropy_scores, fraction_of,
 class BudgetTraining:
     """Budget half of the training mixin: the batch's budget point and the operating points' calibration."""
 
+    def check_budgets(self) -> None:
+        """Refuse budgets the policy cannot serve (the deployed one, ``eval_budgets``) and turn
+        ``max_fraction`` into a token cap, at construction: before any weights load or data is read."""
+        hp = self.hparams
+        self.tokenizer.operating_points.check(self.target_fraction)
+        for budget in hp.eval_budgets:
+            if hp.budgets is None and abs(budget - self.target_fraction) > 1e-6:
+                # worded from the settings: when target_fraction overrides a checkpoint's, the
+                # policy's own budget is not known here (on_load_checkpoint names it)
+                raise ValueError(
+                    f"eval_budgets={budget:g}: a policy trained for one budget (budgets: null) is "
+                    "evaluated at its target_fraction only; train a budget-conditioned policy "
+                    "(model.init_args.budgets: [lowest, highest]) to serve others"
+                )
+            self.tokenizer.operating_points.check(budget, "eval_budgets")
+        self.max_tokens = None
+        if hp.max_fraction is not None:  # as a token count of the finest grid
+            self.levels.check_fraction(hp.max_fraction, "max_fraction")
+            rows, cols = (side // self.levels.finest for side in self.backbone.img_size)
+            self.max_tokens = int(hp.max_fraction * rows * cols)
+
     def step_budget(self) -> tuple[int, float]:
         """This step's training budget: the one target, or (budget-conditioned) a point drawn per batch,
         more often where it costs more task loss than the cheapest point (`BudgetSampler`).

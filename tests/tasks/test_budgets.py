@@ -74,7 +74,9 @@ def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path) -
     from splitlab.tasks import load_task
 
     task = load_task(ckpt)
-    task.max_tokens = task._cap(0.3)
+    task.hparams.max_fraction = 0.3
+    task.check_budgets()
+    assert task.max_tokens == int(0.3 * 8 * 8)
     images = torch.randn(32, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         base = task.layout(images, "random", fraction=0.3)
