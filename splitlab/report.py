@@ -141,12 +141,28 @@ def plot_curve(record: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
+MATCHED = 0.03  # how far a trained row's realised fraction may sit from the target in `compare`
+
+
 def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Trained policies side by side: per run its trained row; the uniform grid from the first run."""
-    first = next(iter(summaries.values()))
-    metric = first["metric"]
-    rows = []
+    """Trained policies side by side at one budget: per run its trained row; the uniform grid from the
+    first run. Runs of another task or budget are refused; a row whose realised fraction misses the
+    budget by more than `MATCHED` is listed in ``unmatched`` (the table says so under it)."""
     for run, summary in summaries.items():
+        lacking = [k for k in ("task", "metric", "target_fraction", "policies") if k not in summary]
+        if lacking:
+            raise ValueError(
+                f"{run}/summary.json has no {lacking}: not a summary that fit or splitlab demo wrote"
+            )
+    first = next(iter(summaries.values()))
+    metric, target = first["metric"], first["target_fraction"]
+    rows, unmatched = [], []
+    for run, summary in summaries.items():
+        if abs(summary["target_fraction"] - target) > 1e-6:
+            raise ValueError(
+                f"{run}: trained for target_fraction={summary['target_fraction']:g}, the first run for "
+                f"{target:g}: compare runs of one budget (or see each run's own curve)"
+            )
         if summary["metric"] != metric or summary["task"] != first["task"]:
             raise ValueError(
                 f"{run}: task {summary['task']!r} ({summary['metric']}), the first run is "
@@ -157,6 +173,9 @@ def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"{run}: its summary has no row for its trained policy {trained!r}")
         row = summary["policies"][trained]
         rows.append({"run": run, "trained_policy": trained, **{k: row.get(k) for k in CURVE_KEYS}})
+        realised = row.get("token_fraction_mean")
+        if realised is not None and abs(realised - target) > MATCHED:
+            unmatched.append(run)
     uniform = first["policies"].get("uniform")
     if uniform is not None:
         rows.append(
@@ -165,8 +184,9 @@ def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {
         "task": first["task"],
         "metric": metric,
-        "target_fraction": first["target_fraction"],
+        "target_fraction": target,
         "rows": rows,
+        "unmatched": unmatched,
     }
 
 
@@ -186,6 +206,11 @@ def format_compare(record: dict[str, Any]) -> str:
             f"| {r['run']} | {r['trained_policy']} | {number(r['metric'], 4)} | "
             f"{number(r['token_fraction_mean'], 3)} | {number(r['token_fraction_max'], 3)} | "
             f"{number(r['images_per_second'], 1)} |"
+        )
+    for run in record.get("unmatched", []):
+        lines.append(
+            f"\nnote: {run} realises a token fraction more than {MATCHED} from the target "
+            f"{record['target_fraction']:g}: its row is not at the matched fraction"
         )
     return "\n".join(lines)
 

@@ -221,3 +221,31 @@ class LostCheckpointWrites(Callback):
         io = trainer.strategy.checkpoint_io
         assert isinstance(io, VerifiedCheckpointIO), type(io)
         io.retries, io.wait = 0, 0.0
+
+
+def one_point_curve(run_dir, dest, record: dict, tolerance: float) -> dict:
+    """`splitlab curve RUN_DIR --fractions 0.5` of a run trained for budget 0.5: its one point, checked
+    against the run's own summary (task, metric, every policy, the learned metric within ``tolerance``)."""
+    import json
+
+    from splitlab.commands import run
+
+    args = [
+        "curve",
+        str(run_dir),
+        "--fractions",
+        "0.5",
+        "--out",
+        str(dest),
+        "--trainer.enable_progress_bar=false",
+    ]
+    assert run(args) == 0
+    curve = json.loads((dest / "curve.json").read_text())
+    assert (curve["task"], curve["metric"]) == (record["task"], record["metric"])
+    (point,) = curve["points"]
+    assert point["target"] == 0.5 and set(point["policies"]) == {"learned", "random", "entropy", "uniform"}
+    learned = record["policies"]["learned"]["metric"]
+    assert abs(point["policies"]["learned"]["metric"] - learned) <= tolerance
+    assert point["policies"]["uniform"]["token_fraction_mean"] == 1.0
+    assert (dest / "curve.png").stat().st_size > 0
+    return point

@@ -25,9 +25,9 @@ from splitlab.callbacks import (
     SplitSchedule,
     VerifiedCheckpointIO,
 )
-from splitlab.cli.checkpoints import keep_csv_history, logged_step, reconcile
+from splitlab.cli.checkpoints import keep_csv_history, logged_step, reconcile, reconcile_data
 from splitlab.cli.errors import reporting_errors, user_error
-from splitlab.tasks import SplitTask
+from splitlab.tasks import SplitTask, read_checkpoint
 
 __all__ = ["SplitLabCLI", "lightning_main", "main", "reporting_errors", "stop_code", "user_error"]
 
@@ -68,15 +68,7 @@ class SplitLabCLI(LightningCLI):
             return
         if ckpt_path in ("last", "hpc"):
             ckpt_path = self._resolve_last(subcommand, ckpt_path)
-        if not Path(ckpt_path).is_file():
-            raise FileNotFoundError(f"ckpt_path={ckpt_path!r}: no such checkpoint file")
-        try:
-            checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as err:
-            raise ValueError(
-                f"ckpt_path={ckpt_path!r} is not a readable checkpoint ({type(err).__name__}): "
-                "the file is truncated or not a Lightning checkpoint; use an earlier one"
-            ) from None
+        checkpoint = read_checkpoint(ckpt_path, "ckpt_path", weights_only=True, mmap=True)
         self._resume_step = logged_step(checkpoint) if subcommand == "fit" else None
         saved = dict(checkpoint.get("hyper_parameters", {}))
         saved.pop("_instantiator", None)
@@ -89,6 +81,10 @@ class SplitLabCLI(LightningCLI):
                 f"ckpt_path={ckpt_path!r} holds a {class_path}, the config builds a {model.class_path}"
             )
         merged, notes = reconcile(subcommand, saved, model.init_args.as_dict())
+        data = self.config[subcommand].get("data")
+        if subcommand == "fit" and getattr(data, "init_args", None) is not None:
+            saved_data = checkpoint.get("datamodule_hyper_parameters", {})
+            notes += reconcile_data(saved_data, data.init_args.as_dict())
         for note in notes:
             rank_zero_info(f"splitlab: from the checkpoint with {note}")
         update = {subcommand: {"model": {"class_path": class_path, "init_args": merged}}}

@@ -82,6 +82,32 @@ def reconcile(
     return merged, notes
 
 
+# Data settings a resumed fit cannot change: they fix which samples of the epoch the checkpoint has
+# already seen (`ResumePosition` skips batches x batch_size of the epoch's seeded order) and how
+# many steps the learning-rate schedules span.
+DATA_ORDER = {"batch_size", "shuffle_seed"}
+
+
+def reconcile_data(saved: dict[str, Any], given: dict[str, Any]) -> list[str]:
+    """The data settings of a resumed fit: a change to `DATA_ORDER` is refused, any other (a moved
+    ``root``, more ``num_workers``) takes effect and is noted.
+
+    Returns:
+        notes for the user.
+    """
+    differs = [k for k in saved if not k.startswith("_") and k in given and not _same(saved[k], given[k])]
+    refused = [k for k in differs if k in DATA_ORDER]
+    if refused:
+        listing = "; ".join(
+            f"data.init_args.{k}: checkpoint {_shown(saved[k])}, given {_shown(given[k])}" for k in refused
+        )
+        raise ValueError(
+            f"fit from a checkpoint: {listing}. These fix which samples the resumed epoch has already "
+            "seen and the schedules' length: resume with the checkpoint's values (or start a new run)"
+        )
+    return [f"data.init_args.{k}={_shown(given[k])} (checkpoint {_shown(saved[k])})" for k in differs]
+
+
 def logged_step(checkpoint: dict[str, Any]) -> int:
     """The last logging step whose rows a checkpoint's training includes.
 

@@ -98,9 +98,9 @@ class SplitPath:
 def build(cfg: BenchConfig, device: torch.device) -> SplitPath:
     """The SPLIT path: from a SPLIT checkpoint (its budget and cap), or fresh (random init) around a timm model."""
     if cfg.ckpt:
-        from splitlab.tasks import load_task
+        from splitlab.tasks import load_task, read_checkpoint
 
-        task = load_task(cfg.ckpt, map_location="cpu")
+        task = load_task(cfg.ckpt, map_location="cpu", setting="--ckpt")
         if task.deployed_policy != "learned":  # bench times the decision module; this run does not deploy it
             raise ValueError(
                 f"--ckpt {cfg.ckpt}: this run deploys policy {task.deployed_policy!r}, not a learned one, so "
@@ -108,7 +108,7 @@ def build(cfg: BenchConfig, device: torch.device) -> SplitPath:
                 f"--fraction {task.target_fraction:g} (a calibrated layout) instead"
             )
         task.backbone.attn_backend = cfg.attn_backend
-        data = torch.load(cfg.ckpt, map_location="cpu", weights_only=False, mmap=True).get(
+        data = read_checkpoint(cfg.ckpt, "--ckpt", weights_only=False, mmap=True).get(
             "datamodule_hyper_parameters", {}
         )
         normalisation = (data["mean"], data["std"]) if "mean" in data and "std" in data else None

@@ -28,7 +28,12 @@ def main(args: argparse.Namespace) -> int:
         path = Path(run) / "summary.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: give the folders that fit or splitlab demo wrote")
-        summaries[run] = json.loads(path.read_text())
+        try:
+            summaries[run] = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(
+                f"{path} is not readable JSON ({err}): rerun the fit or demo that wrote it"
+            ) from None
     record = compare_record(summaries)
     out = Path(args.out) if args.out else Path(args.runs[0]) / "compare"
     out.mkdir(parents=True, exist_ok=True)

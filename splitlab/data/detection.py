@@ -16,9 +16,23 @@ from torchvision.transforms import v2
 
 from splitlab.data.common import PadTo, SkipCorrupt, SplitDataModule, require_dir
 
+IMAGE_FIELDS = ("id", "file_name", "width", "height")
+ANNOTATION_FIELDS = ("image_id", "category_id", "bbox")
+
 
 def check_ids(coco: Any, annotations: Path) -> None:
-    """Every annotation names an image and a category of the file (checked before training)."""
+    """Every image and annotation has the fields splitlab reads, and every annotation names an image
+    and a category of the file (checked before training)."""
+    for kind, fields in (("images", IMAGE_FIELDS), ("annotations", ANNOTATION_FIELDS)):
+        for entry in coco.dataset.get(kind, []):
+            lacking = [f for f in fields if f not in entry]
+            if kind == "annotations" and "bbox" in entry and len(entry["bbox"]) != 4:
+                lacking.append("bbox as [x, y, width, height]")
+            if lacking:
+                raise ValueError(
+                    f"{annotations}: an entry of {kind!r} lacks {lacking} (COCO's instances format), "
+                    f"e.g. {str(entry)[:120]}"
+                )
     anns = coco.dataset.get("annotations", [])
     orphans = [a for a in anns if a.get("image_id") not in coco.imgs]
     if orphans:
@@ -52,6 +66,7 @@ def load_coco(annotations: Path, images: Path) -> tuple[Any, list[int], dict[int
             coco = COCO(str(annotations))
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{annotations}: malformed COCO annotations ({err})") from err
+    check_ids(coco, annotations)
     missing = [
         img["file_name"]
         for img in coco.dataset.get("images", [])
@@ -61,7 +76,6 @@ def load_coco(annotations: Path, images: Path) -> tuple[Any, list[int], dict[int
         raise FileNotFoundError(
             f"{annotations} names {len(missing)} image(s) missing from {images}, e.g. {missing[0]}"
         )
-    check_ids(coco, annotations)
     dropped = 0
     for ann in coco.dataset.get("annotations", []):
         img = coco.imgs[ann["image_id"]]

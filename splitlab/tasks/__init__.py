@@ -5,7 +5,7 @@ from splitlab.tasks.classification import ClassificationTask
 from splitlab.tasks.dense import DenseTask
 from splitlab.tasks.detection import DetectionTask
 from splitlab.tasks.segmentation import SegmentationTask
-from splitlab.tasks.state import load_task
+from splitlab.tasks.state import load_task, read_checkpoint
 from splitlab.tasks.training import STAGES
 from splitlab.tasks.vqa import VQATask
 
@@ -18,4 +18,5 @@ __all__ = [
     "SplitTask",
     "VQATask",
     "load_task",
+    "read_checkpoint",
 ]

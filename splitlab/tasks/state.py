@@ -10,6 +10,21 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 
+def read_checkpoint(path: str | Path, setting: str, **load_kwargs: Any) -> Any:
+    """``torch.load`` of a checkpoint a setting names, with the errors a user can fix worded as such:
+    no such file, or a file that is truncated or not a checkpoint (torch's own error names neither)."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"{setting}={str(path)!r}: no such checkpoint file")
+    try:
+        return torch.load(file, map_location="cpu", **load_kwargs)
+    except Exception as err:
+        raise ValueError(
+            f"{setting}={str(path)!r} is not a readable checkpoint ({type(err).__name__}): "
+            "the file is truncated or not a Lightning checkpoint; use an earlier one"
+        ) from None
+
+
 class TaskState:
     """State half of `SplitTask`: the checkpoint entry (stage, generator, task class), starting
     weights, and the checks that a checkpoint and a data module fit the model before work starts."""
@@ -108,10 +123,7 @@ class TaskState:
     def load_init_checkpoint(self, path: str) -> None:
         """Start from a splitlab (or plain) state dict: backbone, head and embeddings; the policy
         (decision module, operating points, λ) starts fresh."""
-        file = Path(path)
-        if not file.is_file():
-            raise FileNotFoundError(f"init_checkpoint={path!r}: no such file")
-        saved = torch.load(file, map_location="cpu", weights_only=False)
+        saved = read_checkpoint(path, "init_checkpoint", weights_only=False)
         policy = (
             "tokenizer.decision.",
             "tokenizer.operating_points.",
@@ -121,6 +133,17 @@ class TaskState:
         )
         state = {k: v for k, v in saved.get("state_dict", saved).items() if not k.startswith(policy)}
         self._fill_rebuilt(state, saved.get("splitlab", {}), f"init_checkpoint={path!r}")
+        own = self.state_dict()
+        resized = [
+            f"{k} {tuple(v.shape)} (this model: {tuple(own[k].shape)})"
+            for k, v in state.items()
+            if k in own and hasattr(v, "shape") and v.shape != own[k].shape
+        ]
+        if resized:  # torch's own error names neither the file nor the setting behind the shape
+            raise ValueError(
+                f"init_checkpoint={path!r} was trained with other sizes: {'; '.join(resized[:3])}; "
+                "build this model with the settings of that run (backbone_kwargs, lm, num_classes, ...)"
+            )
         missing, unexpected = self.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.startswith(policy)]
         if missing or unexpected:
@@ -174,15 +197,14 @@ class TaskState:
             self._pending_generator_state = states[self.rank].clone() if self.rank < len(states) else None
 
 
-def load_task(path: str | Path, map_location: Any = "cpu") -> Any:
-    """Load any splitlab task checkpoint (the task class is recorded in it)."""
+def load_task(path: str | Path, map_location: Any = "cpu", setting: str = "checkpoint") -> Any:
+    """Load any splitlab task checkpoint (the task class is recorded in it); ``setting`` names the
+    option that gave ``path`` in errors."""
     file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r}: no such file")
     # mmap: the metadata without reading the weights, which load_from_checkpoint reads next
-    meta = torch.load(file, map_location="cpu", weights_only=False, mmap=True).get("splitlab", {})
+    meta = read_checkpoint(file, setting, weights_only=False, mmap=True).get("splitlab", {})
     if "task_class" not in meta:
-        raise ValueError(f"checkpoint {str(path)!r} was not written by a splitlab task")
+        raise ValueError(f"{setting}={str(path)!r} was not written by a splitlab task")
     module, _, name = meta["task_class"].rpartition(".")
     cls = getattr(importlib.import_module(module), name)
     return cls.load_from_checkpoint(file, map_location=map_location)

@@ -55,3 +55,33 @@ def test_compare_refuses_runs_it_cannot_line_up(tmp_path) -> None:
         run(["compare", split, seg])
     with pytest.raises(FileNotFoundError, match="summary.json not found"):
         run(["compare", split, str(tmp_path / "missing")])
+
+
+def test_compare_refuses_unreadable_summaries_and_other_budgets(tmp_path, capsys) -> None:
+    split = summary(tmp_path, "split", "learned", {"learned": row(0.97, 0.5)})
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "summary.json").write_text('{"task": "classification", ')
+    with pytest.raises(ValueError, match="broken/summary.json is not readable JSON"):
+        run(["compare", split, str(broken)])
+    (broken / "summary.json").write_text('{"task": "classification"}')
+    with pytest.raises(
+        ValueError, match=r"broken/summary.json has no \['metric', 'target_fraction', 'policies'\]"
+    ):
+        run(["compare", split, str(broken)])
+    record = summary_record("classification", "top1", 0.3, 0.2, {"learned": row(0.9, 0.3)}, "fit")
+    write_summary(record, tmp_path / "tight")
+    with pytest.raises(ValueError, match="trained for target_fraction=0.3, the first run for 0.5"):
+        run(["compare", split, str(tmp_path / "tight")])
+
+
+def test_compare_says_when_a_row_misses_the_matched_fraction(tmp_path, capsys) -> None:
+    split = summary(tmp_path, "split", "learned", {"learned": row(0.97, 0.51)})
+    loose = summary(tmp_path, "loose", "entropy", {"entropy": row(0.9, 0.62)})
+    assert run(["compare", split, loose, "--out", str(tmp_path / "cmp")]) == 0
+    record = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert record["unmatched"] == [loose]
+    assert (
+        f"note: {loose} realises a token fraction more than 0.03 from the target 0.5"
+        in capsys.readouterr().out
+    )

@@ -30,9 +30,29 @@ def fails(capsys: pytest.CaptureFixture, argv: list[str], *expected: str) -> str
     return err
 
 
+TRAINING_STEPS = [0]  # training steps run since the test began (counted by `count_training_steps`)
+
+
+@pytest.fixture(autouse=True)
+def count_training_steps(monkeypatch):
+    """Count every task's training steps, so that `untrained` can tell a failure before training from
+    one inside epoch 0 (which writes no checkpoint either)."""
+    from splitlab.tasks.training import StageTraining
+
+    step = StageTraining.training_step
+
+    def counted(self, *args, **kwargs):
+        TRAINING_STEPS[0] += 1
+        return step(self, *args, **kwargs)
+
+    TRAINING_STEPS[0] = 0
+    monkeypatch.setattr(StageTraining, "training_step", counted)
+
+
 def untrained(log_dir) -> bool:
-    """Nothing was trained: no checkpoint was written."""
-    return not list(log_dir.rglob("*.ckpt"))
+    """Nothing was trained: no training step ran since the test began (or since the last reset of
+    `TRAINING_STEPS`) and no checkpoint was written."""
+    return TRAINING_STEPS[0] == 0 and not list(log_dir.rglob("*.ckpt"))
 
 
 def fit_args(root, log_dir, *extra: str) -> list[str]:
@@ -77,7 +97,10 @@ SETTINGS = [
     ("--model.init_args.decision_dim=15", "decision_dim=15 must be divisible by decision_heads=2"),
     ("--model.init_args.global_pool=max", "global_pool='max': expected 'token' or 'avg'"),
     ("--model.init_args.target_fraction=abc", 'Parser key "target_fraction"'),
-    ("--model.init_args.init_checkpoint=/no/such.ckpt", "init_checkpoint='/no/such.ckpt': no such file"),
+    (
+        "--model.init_args.init_checkpoint=/no/such.ckpt",
+        "init_checkpoint='/no/such.ckpt': no such checkpoint file",
+    ),
     (
         "--trainer.max_epochs=1",
         "dense_epochs + warm_start_epochs + rl_epochs = 0 + 1 + 1 = 2 is above trainer.max_epochs=1",
@@ -117,6 +140,27 @@ def test_an_init_checkpoint_of_another_model(shapes_root, tmp_path, capsys) -> N
     )
 
 
+def wide_checkpoint(path) -> str:
+    """Same weights, other shapes (e.g. a dense stage with another width or ``lm``)."""
+    torch.save({"state_dict": {"backbone.model.cls_token": torch.zeros(1, 1, 48)}}, path)
+    return "was trained with other sizes: backbone.model.cls_token (1, 1, 48)"
+
+
+def cut_checkpoint(path) -> str:
+    torch.save({"state_dict": {"w": torch.zeros(1000)}}, path)
+    path.write_bytes(path.read_bytes()[:300])
+    return "is not a readable checkpoint"
+
+
+@pytest.mark.parametrize("make", [wide_checkpoint, cut_checkpoint], ids=["other-sizes", "truncated"])
+def test_an_init_checkpoint_that_cannot_load(shapes_root, tmp_path, capsys, make) -> None:
+    path = tmp_path / "init.ckpt"
+    message = make(path)
+    args = fit_args(shapes_root, tmp_path / "logs", f"--model.init_args.init_checkpoint={path}")
+    fails(capsys, args, f"init_checkpoint='{path}' {message}")
+    assert untrained(tmp_path / "logs")
+
+
 # ------------------------------------------------------------------------------------- data
 def test_an_empty_class_folder(shapes_root, tmp_path, capsys) -> None:
     root = tmp_path / "data"
@@ -149,9 +193,12 @@ def test_a_corrupt_image_is_skipped_counted_and_reported(shapes_root, tmp_path, 
     messages = [str(w.message) for w in recwarn]
     assert any(f"skipping {bad}" in m for m in messages)
     assert any("read(s) of unusable samples (" in m and " in train)" in m for m in messages)
+    assert TRAINING_STEPS[0] > 0  # the count sees training
+    # `strict` stops at the first read of the bad image, inside the epoch (images are checked by
+    # reading them, which only training does for every one): named, before any checkpoint
     with pytest.raises(SystemExit):
         main(fit_args(root, tmp_path / "strict", "--data.init_args.strict=true"))
-    assert f"{bad}" in capsys.readouterr().err and untrained(tmp_path / "strict")
+    assert f"{bad}" in capsys.readouterr().err and not list((tmp_path / "strict").rglob("*.ckpt"))
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +254,16 @@ COCO = [
         "malformed",
         lambda d, r: d.update(images=[{"id": 1}], annotations=[{"image_id": 1}]),
         "malformed COCO annotations",
+    ),
+    (
+        "no-file-name",
+        lambda d, r: d["images"][0].pop("file_name"),
+        "an entry of 'images' lacks ['file_name'] (COCO's instances format)",
+    ),
+    (
+        "no-bbox",
+        lambda d, r: d["annotations"][0].pop("bbox"),
+        "an entry of 'annotations' lacks ['bbox'] (COCO's instances format)",
     ),
     (
         "num-classes",
@@ -275,6 +332,7 @@ def test_a_mask_of_another_size_stops_before_training(ade_root, tmp_path, capsys
     shutil.copytree(ade_root, root)
     name = edit_mask(root, 17, lambda m: m[:64])
     fails(capsys, ade_args(root, tmp_path / "logs"), name, "differs from its image")
+    assert untrained(tmp_path / "logs")
 
 
 @pytest.mark.parametrize(
@@ -369,6 +427,27 @@ def test_a_resume_with_changed_training_settings_is_refused(shapes_root, trained
         "lr: checkpoint 0.0005, given 0.002",
         "budgets: checkpoint [0.3, 0.7], given [0.2, 0.7]",
     )
+
+
+def test_a_resume_with_another_batch_size_is_refused(shapes_root, trained, tmp_path, capsys) -> None:
+    """The batch size and shuffling seed fix where a mid-epoch resume continues; a moved data root
+    (another machine, the same data) is fine."""
+    args = [*fit_args(shapes_root, tmp_path, "--data.init_args.batch_size=4"), f"--ckpt_path={trained}"]
+    fails(
+        capsys,
+        args,
+        "data.init_args.batch_size: checkpoint 8, given 4",
+        "resume with the checkpoint's values",
+    )
+    assert untrained(tmp_path)
+    from splitlab.cli.checkpoints import reconcile_data
+
+    saved = {"root": "/old", "batch_size": 8, "shuffle_seed": 0, "_class_path": "x"}
+    assert reconcile_data(saved, {**saved, "root": "/new", "_class_path": "y"}) == [
+        'data.init_args.root="/new" (checkpoint "/old")'
+    ]
+    with pytest.raises(ValueError, match="data.init_args.shuffle_seed: checkpoint 0, given 1"):
+        reconcile_data(saved, {**saved, "shuffle_seed": 1})
 
 
 def test_a_checkpoint_of_another_task(shapes_root, trained, tmp_path, capsys) -> None:
@@ -517,7 +596,7 @@ COMMANDS = [
     (["bench", "--iters", "0"], "argument --iters: 0 is not a positive integer"),
     (["bench", "--fraction", "0"], "argument --fraction: 0 is not a token fraction in (0, 1]"),
     (["bench", "--device", "cuda"], "--device cuda: CUDA is not available"),
-    (["bench", "--ckpt", "/no/such.ckpt"], "checkpoint '/no/such.ckpt': no such file"),
+    (["bench", "--ckpt", "/no/such.ckpt"], "--ckpt='/no/such.ckpt': no such checkpoint file"),
     (
         ["bench", "--model", "test_vit", "--img-size", "64", "--images", "/no/such/folder"],
         "--images /no/such/folder",

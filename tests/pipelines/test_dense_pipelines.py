@@ -9,6 +9,7 @@ import pytest
 
 from splitlab.cli import lightning_main
 from splitlab.commands.demo import ci_recipe, run_pipeline
+from tests.helpers import one_point_curve
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,13 @@ def test_validate_and_test_from_the_checkpoint(runs, task, command, tmp_path) ->
     again = json.loads((tmp_path / "summary.json").read_text())
     assert again["stage"] == command and again["lambda"] == pytest.approx(record["lambda"])
     assert _row(again, "learned")["metric"] == pytest.approx(_row(record, "learned")["metric"], abs=1e-6)
+
+
+@pytest.mark.parametrize("task", ["ade20k", "coco"])
+def test_curve_of_a_dense_run(runs, task, tmp_path) -> None:
+    """`splitlab curve` on a detection and a segmentation run (trained for one budget: its one point)."""
+    out, record = runs[task]
+    one_point_curve(out, tmp_path / "curve", record, tolerance=1e-6)
 
 
 def test_segmentation_regression(runs, capsys) -> None:

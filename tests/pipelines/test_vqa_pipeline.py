@@ -18,7 +18,7 @@ import pytest
 
 from splitlab.cli import lightning_main
 from splitlab.commands.demo import ci_recipe, run_pipeline
-from tests.helpers import launch
+from tests.helpers import launch, one_point_curve
 
 KINDS = ("vqa_q_what_pattern", "vqa_q_what_color", "vqa_q_is_there", "vqa_q_how_many")
 
@@ -60,6 +60,12 @@ def test_the_learned_policy_reads_the_fine_detail_at_half_the_tokens(vqa_run) ->
     assert learned[pattern] >= entropy[pattern] + 0.20
     assert learned["metric"] >= random["metric"] + 0.05
     assert learned["metric"] >= uniform["metric"] - 0.05
+
+
+def test_curve_of_the_vqa_run(vqa_run, tmp_path) -> None:
+    """`splitlab curve` on the VQA run (trained for one budget: its one point)."""
+    out, record = vqa_run
+    one_point_curve(out, tmp_path / "curve", record, tolerance=1e-4)
 
 
 @pytest.mark.parametrize("command", ["validate", "test", "predict"])
@@ -128,3 +134,20 @@ def test_predict_on_two_ranks_writes_one_results_file(vqa_run, tmp_path) -> None
     ]
     assert [r["question_id"] for r in results] == sorted(q["question_id"] for q in questions)
     assert not list(tmp_path.glob("vqa_results.rank*.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_vqa_twin_meets_its_budget_across_seeds(tmp_path, seed, capsys) -> None:
+    """The budget within ±0.03 on every seed (docs/budgets.md), and the fine-detail ordering with it."""
+    record = run_pipeline(tmp_path / "run", seed=seed, quiet=True, task="vqa")
+    rows = record["policies"]
+    learned, random = rows["learned"], rows["random"]
+    with capsys.disabled():
+        print(
+            f"\nvqa seed {seed}: learned {learned['metric']:.3f} (pattern {learned['vqa_q_what_pattern']:.3f}) "
+            f"at {learned['token_fraction_mean']:.3f}; random {random['metric']:.3f} "
+            f"(pattern {random['vqa_q_what_pattern']:.3f})"
+        )
+    assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    assert learned["vqa_q_what_pattern"] >= random["vqa_q_what_pattern"] + 0.10
