@@ -149,24 +149,26 @@ def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     first run. Runs of another task or budget are refused; a row whose realised fraction misses the
     budget by more than `MATCHED` is listed in ``unmatched`` (the table says so under it)."""
     for run, summary in summaries.items():
-        lacking = [k for k in ("task", "metric", "target_fraction", "policies") if k not in summary]
-        if lacking:
+        keys = ("task", "metric", "target_fraction", "policies")
+        lacking = [k for k in keys if k not in summary] if isinstance(summary, dict) else list(keys)
+        if lacking or not isinstance(summary["target_fraction"], (int, float)):
             raise ValueError(
-                f"{run}/summary.json has no {lacking}: not a summary that fit or splitlab demo wrote"
+                f"{run}/summary.json has no {lacking or ['target_fraction as a number']}: not a summary "
+                "that fit or splitlab demo wrote"
             )
     first = next(iter(summaries.values()))
     metric, target = first["metric"], first["target_fraction"]
     rows, unmatched = [], []
     for run, summary in summaries.items():
-        if abs(summary["target_fraction"] - target) > 1e-6:
-            raise ValueError(
-                f"{run}: trained for target_fraction={summary['target_fraction']:g}, the first run for "
-                f"{target:g}: compare runs of one budget (or see each run's own curve)"
-            )
         if summary["metric"] != metric or summary["task"] != first["task"]:
             raise ValueError(
                 f"{run}: task {summary['task']!r} ({summary['metric']}), the first run is "
                 f"{first['task']!r} ({metric}): compare runs of one task"
+            )
+        if abs(summary["target_fraction"] - target) > 1e-6:
+            raise ValueError(
+                f"{run}: trained for target_fraction={summary['target_fraction']:g}, the first run for "
+                f"{target:g}: compare runs of one budget (or see each run's own curve)"
             )
         trained = summary.get("trained_policy", "learned")
         if trained not in summary["policies"]:

@@ -70,6 +70,11 @@ class SplitLabCLI(LightningCLI):
             ckpt_path = self._resolve_last(subcommand, ckpt_path)
         checkpoint = read_checkpoint(ckpt_path, "ckpt_path", weights_only=True, mmap=True)
         self._resume_step = logged_step(checkpoint) if subcommand == "fit" else None
+        data = self.config[subcommand].get("data")
+        data_notes = []
+        if subcommand == "fit" and getattr(data, "init_args", None) is not None:
+            saved_data = checkpoint.get("datamodule_hyper_parameters", {})
+            data_notes = reconcile_data(saved_data, data.init_args.as_dict())
         saved = dict(checkpoint.get("hyper_parameters", {}))
         saved.pop("_instantiator", None)
         class_path = saved.pop("_class_path", None)
@@ -81,11 +86,7 @@ class SplitLabCLI(LightningCLI):
                 f"ckpt_path={ckpt_path!r} holds a {class_path}, the config builds a {model.class_path}"
             )
         merged, notes = reconcile(subcommand, saved, model.init_args.as_dict())
-        data = self.config[subcommand].get("data")
-        if subcommand == "fit" and getattr(data, "init_args", None) is not None:
-            saved_data = checkpoint.get("datamodule_hyper_parameters", {})
-            notes += reconcile_data(saved_data, data.init_args.as_dict())
-        for note in notes:
+        for note in notes + data_notes:
             rank_zero_info(f"splitlab: from the checkpoint with {note}")
         update = {subcommand: {"model": {"class_path": class_path, "init_args": merged}}}
         self.config = self.parser.parse_object(update, self.config)

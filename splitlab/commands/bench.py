@@ -357,7 +357,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile: timm's model whole (static shapes), SPLIT's blocks (dynamic)",
+        help="torch.compile: timm's model whole (static shapes), SPLIT's blocks (dynamic); with --lm both paths run the per-block compile",
     )
     p.add_argument("--json", default=None, help="also write the numbers to this file")
     p.add_argument(

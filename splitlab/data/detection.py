@@ -16,7 +16,7 @@ from torchvision.transforms import v2
 
 from splitlab.data.common import PadTo, SkipCorrupt, SplitDataModule, require_dir
 
-IMAGE_FIELDS = ("id", "file_name", "width", "height")
+IMAGE_FIELDS = ("id", "file_name")
 ANNOTATION_FIELDS = ("image_id", "category_id", "bbox")
 
 
@@ -26,7 +26,8 @@ def check_ids(coco: Any, annotations: Path) -> None:
     for kind, fields in (("images", IMAGE_FIELDS), ("annotations", ANNOTATION_FIELDS)):
         for entry in coco.dataset.get(kind, []):
             lacking = [f for f in fields if f not in entry]
-            if kind == "annotations" and "bbox" in entry and len(entry["bbox"]) != 4:
+            box = entry.get("bbox", [0] * 4)
+            if kind == "annotations" and not (isinstance(box, list) and len(box) == 4):
                 lacking.append("bbox as [x, y, width, height]")
             if lacking:
                 raise ValueError(
@@ -79,6 +80,8 @@ def load_coco(annotations: Path, images: Path) -> tuple[Any, list[int], dict[int
     dropped = 0
     for ann in coco.dataset.get("annotations", []):
         img = coco.imgs[ann["image_id"]]
+        if "width" not in img or "height" not in img:  # what boxes and masks are read against
+            raise ValueError(f"{annotations}: image {img['id']} has annotations but no width and height")
         x, y, w, h = ann["bbox"]
         # a box reaching past the border is kept (the letterbox clamps it, as COCO's rounding
         # needs); one with no area inside the image cannot be trained on or matched

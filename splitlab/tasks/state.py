@@ -21,7 +21,7 @@ def read_checkpoint(path: str | Path, setting: str, **load_kwargs: Any) -> Any:
     except Exception as err:
         raise ValueError(
             f"{setting}={str(path)!r} is not a readable checkpoint ({type(err).__name__}): "
-            "the file is truncated or not a Lightning checkpoint; use an earlier one"
+            "the file is truncated or not a checkpoint torch can read"
         ) from None
 
 

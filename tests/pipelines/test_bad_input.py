@@ -266,6 +266,11 @@ COCO = [
         "an entry of 'annotations' lacks ['bbox'] (COCO's instances format)",
     ),
     (
+        "no-size",
+        lambda d, r: next(i for i in d["images"] if i["id"] == d["annotations"][0]["image_id"]).pop("width"),
+        "has annotations but no width and height",
+    ),
+    (
         "num-classes",
         lambda d, r: (d["categories"].append({"id": 9, "name": "extra"}), val_doc(r, d["categories"])),
         "the data has 4 classes but model.init_args.num_classes=3",
