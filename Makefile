@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/splitlab demo --out runs/demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" --durations=15  # the slowest tests, to keep the suite under 15 min
 
 # On a machine with a GPU: CUDA tests and the paper's benchmarks (<= 8 min), results in $${OUT:-runs/gpu-check}.
 gpu-check: $(STAMP)
