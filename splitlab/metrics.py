@@ -1,6 +1,7 @@
 """Metrics splitlab adds to torchmetrics: where the fine tokens go, and per-policy statistics.
 
-`FineCoverage` measures allocation (the paper's object / boundary coverage); `PolicyStats` wraps a
+`FineCoverage` measures allocation (the paper's object / boundary coverage); `detection_metrics`
+is COCO box mAP as pycocotools computes it (crowd regions ignored: `coco_truth`); `PolicyStats` wraps a
 task's metrics with the token fraction and throughput of one layout policy, as the comparison
 table reports them. `VQAAccuracy` is the official VQAv2 answer accuracy, overall and per answer and
 question type.
@@ -8,6 +9,7 @@ question type.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 import time
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric, Metric, MetricCollection, SumMetric
+from torchmetrics.detection import MeanAveragePrecision
 
 from splitlab.tokenizer import TokenLayout
 
@@ -108,6 +111,32 @@ class FineCoverage(Metric):
             "object_fine_coverage": self.object_fine / self.object_total.clamp(min=1),
             "boundary_fine_coverage": self.boundary_fine / self.boundary_total.clamp(min=1),
         }
+
+
+def map_backend() -> str:
+    """faster-coco-eval when installed (same numbers, faster), else pycocotools."""
+    return "faster_coco_eval" if importlib.util.find_spec("faster_coco_eval") else "pycocotools"
+
+
+def detection_metrics(cell: int | None = None) -> MetricCollection:
+    """COCO box mAP (map, map_50, map_75, ...) with torchmetrics, in the original images' pixels;
+    with ``cell`` (the finest patch size) also the fine-token coverage of objects and their edges."""
+    metrics: dict[str, Any] = {
+        "map": MeanAveragePrecision(iou_type="bbox", box_format="xyxy", backend=map_backend())
+    }
+    if cell is not None:
+        metrics["coverage"] = FineCoverage(cell, ignore_index=-1, background=(0,))
+    return MetricCollection(metrics, compute_groups=False)
+
+
+def coco_truth(target: dict[str, Tensor], scale: float = 1.0) -> dict[str, Tensor]:
+    """A target as COCO evaluation reads it: boxes in the original image's pixels, and crowd regions
+    flagged with their annotated area, so that a detection on a crowd is ignored, not a false
+    positive, and small / medium / large go by the annotation's area, as in the official numbers."""
+    truth = {"boxes": target["boxes"].float() / scale, "labels": target["labels"]}
+    if "iscrowd" in target:
+        truth.update(iscrowd=target["iscrowd"], area=target["area"].float())
+    return truth
 
 
 class PolicyStats(nn.Module):
@@ -225,52 +254,44 @@ _VQA_NUMBERS = {
     "ten": "10",
 }
 _VQA_ARTICLES = frozenset({"a", "an", "the"})
-# Contracted forms as the official table writes them; the lookup keys are derived from them below
-# (every apostrophe-less spelling), so they may include a few rare spellings the official table lacks
-# ("shes", "hedve"): such an answer is restored here and left alone by the official script.
-_VQA_CONTRACTED = (  # noqa: SIM905  (a hundred words read better as text than one per line)
-    "ain't aren't can't could've couldn't couldn't've didn't doesn't don't hadn't hadn't've hasn't "
-    "haven't he'd he'd've he's how'd how'll how's I'd I'd've I'm I've isn't it'd it'd've it'll let's "
-    "ma'am mightn't mightn't've might've mustn't must've needn't not've o'clock oughtn't 'ow's'at "
-    "shan't she'd she'd've she's should've shouldn't shouldn't've somebody'd somebody'd've "
-    "somebody'll somebody's someone'd someone'd've someone'll someone's something'd something'd've "
-    "something'll that's there'd there'd've there're there's they'd they'd've they'll they're they've "
-    "'twas wasn't we'd we'd've we're we've weren't what'll what're what's what've when's where'd "
-    "where's where've who'd who'd've who'll who's who've why'll why're why's won't would've wouldn't "
-    "wouldn't've y'all y'all'll y'all'd've you'd you'd've you'll you're you've"
-).split()
-# Apostrophe-less variants that are ordinary words; the official table leaves them alone, and mapping
-# them would rewrite real answers ("shed" -> "she'd").
-_VQA_NOT_CONTRACTIONS = frozenset({"id", "lets", "shed", "wed", "were"})
-
-
-def _apostrophe_variants(word: str) -> Iterator[str]:
-    """Every spelling of ``word`` with at least one of its apostrophes left out."""
-    parts = word.split("'")
-    for keep in range(2 ** (len(parts) - 1) - 1):  # bit i set: apostrophe i stays; all set is `word`
-        out = parts[0]
-        for i, part in enumerate(parts[1:]):
-            out += ("'" if keep >> i & 1 else "") + part
-        yield out
-
-
-def _contraction_table() -> dict[str, str]:
-    """Apostrophe-less spelling (lower case, as words are looked up after lower-casing) -> contraction."""
-    table: dict[str, str] = {}
-    for word in _VQA_CONTRACTED:
-        if word != word.lower():  # the official keys "Id", "Im", "Ive" never match a lower-cased word
-            continue
-        for variant in _apostrophe_variants(word):
-            key = variant.lower()
-            if key in _VQA_NOT_CONTRACTIONS:
-                continue
-            if table.get(key, word) != word:
-                raise ValueError(f"contraction key {key!r} is ambiguous: {table[key]!r} or {word!r}")
-            table[key] = word
-    return table
-
-
-_VQA_CONTRACTIONS = _contraction_table()
+# The official contractions table, entry for entry: GT-Vision-Lab/VQA,
+# PythonEvaluationTools/vqaEvaluation/vqaEval.py (`VQAEval.contractions`). Its quirks are kept on purpose,
+# because scores must match the official evaluation server's: only the listed spellings are restored
+# ("shes", "couldntve" and "shed" stay as written); "somebody'd" becomes "somebodyd"; a few keys keep
+# an apostrophe ("let's" and "she's" map to themselves); and the capitalised keys ("Im", "Ive", "Id've",
+# "I'dve") never match, since words are looked up after lower-casing.
+# fmt: off
+_VQA_CONTRACTIONS: dict[str, str] = {
+    "aint": "ain't", "arent": "aren't", "cant": "can't", "couldve": "could've", "couldnt": "couldn't",
+    "couldn'tve": "couldn't've", "couldnt've": "couldn't've", "didnt": "didn't", "doesnt": "doesn't",
+    "dont": "don't", "hadnt": "hadn't", "hadnt've": "hadn't've", "hadn'tve": "hadn't've", "hasnt": "hasn't",
+    "havent": "haven't", "hed": "he'd", "hed've": "he'd've", "he'dve": "he'd've", "hes": "he's",
+    "howd": "how'd", "howll": "how'll", "hows": "how's", "Id've": "I'd've", "I'dve": "I'd've", "Im": "I'm",
+    "Ive": "I've", "isnt": "isn't", "itd": "it'd", "itd've": "it'd've", "it'dve": "it'd've", "itll": "it'll",
+    "let's": "let's", "maam": "ma'am", "mightnt": "mightn't", "mightnt've": "mightn't've",
+    "mightn'tve": "mightn't've", "mightve": "might've", "mustnt": "mustn't", "mustve": "must've",
+    "neednt": "needn't", "notve": "not've", "oclock": "o'clock", "oughtnt": "oughtn't", "ow's'at": "'ow's'at",
+    "'ows'at": "'ow's'at", "'ow'sat": "'ow's'at", "shant": "shan't", "shed've": "she'd've",
+    "she'dve": "she'd've", "she's": "she's", "shouldve": "should've", "shouldnt": "shouldn't",
+    "shouldnt've": "shouldn't've", "shouldn'tve": "shouldn't've", "somebody'd": "somebodyd",
+    "somebodyd've": "somebody'd've", "somebody'dve": "somebody'd've", "somebodyll": "somebody'll",
+    "somebodys": "somebody's", "someoned": "someone'd", "someoned've": "someone'd've",
+    "someone'dve": "someone'd've", "someonell": "someone'll", "someones": "someone's",
+    "somethingd": "something'd", "somethingd've": "something'd've", "something'dve": "something'd've",
+    "somethingll": "something'll", "thats": "that's", "thered": "there'd", "thered've": "there'd've",
+    "there'dve": "there'd've", "therere": "there're", "theres": "there's", "theyd": "they'd",
+    "theyd've": "they'd've", "they'dve": "they'd've", "theyll": "they'll", "theyre": "they're",
+    "theyve": "they've", "twas": "'twas", "wasnt": "wasn't", "wed've": "we'd've", "we'dve": "we'd've",
+    "weve": "we've", "werent": "weren't", "whatll": "what'll", "whatre": "what're", "whats": "what's",
+    "whatve": "what've", "whens": "when's", "whered": "where'd", "wheres": "where's", "whereve": "where've",
+    "whod": "who'd", "whod've": "who'd've", "who'dve": "who'd've", "wholl": "who'll", "whos": "who's",
+    "whove": "who've", "whyll": "why'll", "whyre": "why're", "whys": "why's", "wont": "won't",
+    "wouldve": "would've", "wouldnt": "wouldn't", "wouldnt've": "wouldn't've", "wouldn'tve": "wouldn't've",
+    "yall": "y'all", "yall'll": "y'all'll", "y'allll": "y'all'll", "yall'd've": "y'all'd've",
+    "y'alld've": "y'all'd've", "y'all'dve": "y'all'd've", "youd": "you'd", "youd've": "you'd've",
+    "you'dve": "you'd've", "youll": "you'll", "youre": "you're", "youve": "you've",
+}
+# fmt: on
 
 
 def _vqa_clean(answer: str) -> str:
@@ -296,8 +317,8 @@ def normalize_answer(answer: str) -> str:
     """The official VQA answer processing, so that "Two", "two." and "2" all score as "2".
 
     Whitespace is cleaned, punctuation removed or turned into spaces, periods that are not decimal
-    points removed; then the text is lower-cased, number words become digits, articles go and
-    contractions written without apostrophes get them back.
+    points removed; then the text is lower-cased, number words become digits, articles go and the
+    spellings listed in the official contractions table are replaced ("dont" -> "don't").
     """
     return _vqa_digit_article(_vqa_punctuation(_vqa_clean(answer)))
 
@@ -307,7 +328,8 @@ def vqa_score(prediction: str, answers: Sequence[str]) -> float:
 
     Three matching humans give full credit; averaging over held-out humans makes the score consistent
     with human accuracy. As in the official script, the prediction gets the whole processing and the
-    human answers only the punctuation step, and only when they differ: a human "two" stays "two"
+    human answers only the punctuation step, and only when they differ; they are never lower-cased,
+    number-mapped or whitespace-cleaned: a human "two" stays "two", and a human " yes" never matches
     (VQAv2's answers were normalised when the dataset was built).
 
     Args:
@@ -316,7 +338,7 @@ def vqa_score(prediction: str, answers: Sequence[str]) -> float:
     """
     if len(answers) != 10:
         raise ValueError(f"VQA accuracy needs exactly 10 human answers, got {len(answers)}")
-    truth = [_vqa_clean(a) for a in answers]
+    truth = list(answers)
     if len(set(truth)) > 1:
         truth = [_vqa_punctuation(a) for a in truth]
     pred = normalize_answer(prediction)

@@ -76,16 +76,22 @@ def batches_run(cli) -> int:
     return next(c.batches for c in cli.trainer.callbacks if isinstance(c, RankProbe))
 
 
+# Lightning's own launcher forks the second rank: DDP over gloo on this machine's CPU
+TWO_CPU_RANKS = (
+    "--trainer.accelerator=cpu",
+    "--trainer.devices=2",
+    "--trainer.num_nodes=1",
+    "--trainer.strategy=ddp",
+)
+
+
 def two_rank_args(root, log_dir, callbacks: list[dict], max_epochs: int, *extra: str) -> list[str]:
     """``fit`` arguments of the tiny twin on 2 CPU ranks (DDP over gloo) with these callbacks."""
     return tiny_args(
         root,
         log_dir,
         "--data.init_args.batch_size=4",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=2",
-        "--trainer.num_nodes=1",
-        "--trainer.strategy=ddp",
+        *TWO_CPU_RANKS,
         f"--trainer.max_epochs={max_epochs}",
         f"--trainer.callbacks={json.dumps(callbacks)}",
         "--model.init_args.eval_baselines=[]",
@@ -224,8 +230,8 @@ class LostCheckpointWrites(Callback):
 
 
 def one_point_curve(run_dir, dest, record: dict, tolerance: float) -> dict:
-    """`splitlab curve RUN_DIR --fractions 0.5` of a run trained for budget 0.5: its one point, checked
-    against the run's own summary (task, metric, every policy, the learned metric within ``tolerance``)."""
+    """`splitlab curve RUN_DIR` of a run trained for budget 0.5: by default its one point, checked against
+    the run's own summary (task, metric, every policy, the learned metric within ``tolerance``)."""
     import json
 
     from splitlab.commands import run
@@ -233,8 +239,6 @@ def one_point_curve(run_dir, dest, record: dict, tolerance: float) -> dict:
     args = [
         "curve",
         str(run_dir),
-        "--fractions",
-        "0.5",
         "--out",
         str(dest),
         "--trainer.enable_progress_bar=false",

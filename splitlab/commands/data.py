@@ -66,41 +66,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from splitlab.data import generate_shapes
+    import importlib
 
-    if args.kind == "shapes":
-        out = generate_shapes(
-            args.out,
-            args.image_size,
-            args.train,
-            args.val,
-            args.test,
-            args.seed,
-            args.format,
-            args.detail,
-            args.background,
-        )
-        print(f"wrote {args.format} dataset to {out}")
-    elif args.kind == "vqa":
-        from splitlab.data.vqa_scenes import generate_vqa
-
-        out = generate_vqa(
-            args.out,
-            args.image_size,
-            args.train,
-            args.val,
-            args.seed,
-            args.format,
-            **({} if args.square is None else {"square": tuple(args.square)}),
-            **({} if args.shade is None else {"shade": args.shade}),
-            patterned=args.patterned,
-            questions_per_scene=args.questions_per_scene,
-        )
-        print(f"wrote VQAv2-layout ({args.format}) dataset and vocab.json to {out}")
-    else:
-        from splitlab.data.scenes import generate_ade20k, generate_coco
-
-        make = generate_ade20k if args.kind == "ade20k" else generate_coco
-        out = make(args.out, args.image_size, args.train, args.val, args.seed)
-        print(f"wrote {args.kind}-format dataset to {out}")
+    module, name, written = GENERATORS[args.kind]
+    generate = getattr(importlib.import_module(module), name)
+    # every option of the subcommand is the generator's keyword argument of the same name; unset
+    # optional ones keep the generator's defaults
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "kind") and v is not None}
+    if "format" in options:
+        options["fmt"] = options.pop("format")
+    if "square" in options:
+        options["square"] = tuple(options["square"])
+    out = generate(**options)
+    print(f"wrote {written.format(**options)} to {out}")
     return 0
+
+
+GENERATORS = {  # kind -> module, generator, what it writes
+    "shapes": ("splitlab.data.shapes", "generate_shapes", "{fmt} dataset"),
+    "vqa": ("splitlab.data.vqa_scenes", "generate_vqa", "VQAv2-layout ({fmt}) dataset and vocab.json"),
+    "ade20k": ("splitlab.data.scenes", "generate_ade20k", "ade20k-format dataset"),
+    "coco": ("splitlab.data.scenes", "generate_coco", "coco-format dataset"),
+}

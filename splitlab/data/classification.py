@@ -11,7 +11,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transf
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
-from splitlab.data.common import SkipCorrupt, SplitDataModule, require_dir
+from splitlab.data.common import SkipCorrupt, SplitDataModule, check_source, require_dir
 
 
 class ImageClassificationData(SplitDataModule):
@@ -63,8 +63,7 @@ class ImageClassificationData(SplitDataModule):
         strict: bool = False,
     ) -> None:
         super().__init__()
-        if (root is None) == (hf_dataset is None):
-            raise ValueError("set exactly one of data.root (an ImageFolder tree) and data.hf_dataset")
+        check_source(root, hf_dataset, "an ImageFolder tree")
         if root is not None:
             require_dir(root, "data.root")
             require_dir(Path(root) / train_split, "data.root/train_split")

@@ -232,6 +232,12 @@ class HFRows(Dataset):
         return self.convert(self.split[index], f"{self.name}[{index}]")
 
 
+def check_source(root: str | None, hf_dataset: str | None, layout: str) -> None:
+    """Exactly one source of data: a folder in the task's file ``layout``, or a Hugging Face dataset."""
+    if (root is None) == (hf_dataset is None):
+        raise ValueError(f"set exactly one of data.root ({layout}) and data.hf_dataset")
+
+
 def require_dir(path: str | Path, setting: str) -> Path:
     """The directory at ``path``, or a FileNotFoundError naming the setting."""
     p = Path(path).expanduser()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,11 +63,19 @@ def load_coco(annotations: Path, images: Path) -> tuple[Any, list[int], dict[int
     if not annotations.is_file():
         raise FileNotFoundError(f"{annotations}: no such annotation file")
     try:
-        import contextlib
-        import io
-
+        doc = json.loads(annotations.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{annotations}: malformed COCO annotations (not JSON: {err})") from err
+    if not isinstance(doc, dict):
+        raise ValueError(
+            f"{annotations}: malformed COCO annotations (not a JSON object with 'images', 'annotations' "
+            f"and 'categories' but a {type(doc).__name__})"
+        )
+    coco = COCO()
+    coco.dataset = doc
+    try:
         with contextlib.redirect_stdout(io.StringIO()):
-            coco = COCO(str(annotations))
+            coco.createIndex()
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{annotations}: malformed COCO annotations ({err})") from err
     check_ids(coco, annotations)
@@ -114,7 +125,7 @@ class CocoDetection(Dataset):
         info = self.coco.imgs[image_id]
         image = Image.open(self.images / info["file_name"]).convert("RGB")
         # crowd regions come along, flagged: the loss leaves them out, COCO evaluation ignores
-        # detections on them (`splitlab.tasks.detection.without_crowd`, `coco_truth`)
+        # detections on them (`splitlab.heads.without_crowd`, `splitlab.metrics.coco_truth`)
         anns = [a for a in self.coco.imgToAnns.get(image_id, []) if not a.get("_splitlab_drop")]
         boxes = torch.tensor(
             [
@@ -156,7 +167,7 @@ def _per_box_fields(inputs: Any) -> tuple[torch.Tensor, ...]:
     return tuple(target[k] for k in ("labels", "iscrowd", "area") if k in target)
 
 
-class _Letterbox(v2.Compose):
+class Letterbox(v2.Compose):
     """Resize the longer side to ``size``, pad bottom/right to a square, clamp boxes to the image;
     for training (``flip``) also flip and drop boxes under a pixel, which the losses cannot use.
     Evaluation keeps every ground-truth box, so the mAP is taken on the annotations as given."""
@@ -217,7 +228,7 @@ class CocoDetectionData(SplitDataModule):
         root = Path(hp.root)
         folder = require_dir(root / images, f"data.root/{images}")
         ds = CocoDetection(
-            folder, root / annotations, _Letterbox(hp.img_size, self.mean, self.std, training), hp.masks
+            folder, root / annotations, Letterbox(hp.img_size, self.mean, self.std, training), hp.masks
         )
         return SkipCorrupt(ds, lambda i: str(folder / ds.coco.imgs[ds.ids[i]]["file_name"]), hp.strict)
 

@@ -21,7 +21,15 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from tqdm.auto import tqdm
 
-from splitlab.data.common import UNREADABLE, BadSample, PadTo, SkipCorrupt, SplitDataModule, require_dir
+from splitlab.data.common import (
+    UNREADABLE,
+    BadSample,
+    PadTo,
+    SkipCorrupt,
+    SplitDataModule,
+    check_source,
+    require_dir,
+)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 CHECKED_LABELS = 16  # masks whose labels are read before training (all sizes are, from the headers)
@@ -194,8 +202,7 @@ class ADE20KData(SplitDataModule):
         strict: bool = False,
     ) -> None:
         super().__init__()
-        if (root is None) == (hf_dataset is None):
-            raise ValueError("set exactly one of data.root (ADE20K layout) and data.hf_dataset")
+        check_source(root, hf_dataset, "ADE20K layout")
         if root is not None:
             for sub in ("images", "annotations"):
                 require_dir(Path(root) / sub / train_split, f"data.root/{sub}/{train_split}")

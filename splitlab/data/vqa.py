@@ -28,7 +28,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from splitlab.data.common import PadTo, SkipCorrupt, SplitDataModule, require_dir
+from splitlab.data.common import PadTo, SkipCorrupt, SplitDataModule, check_source, require_dir
 
 # OpenAI CLIP's normalisation (the usual VQA vision towers: CLIP / SigLIP-style ViTs at 336 px)
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -350,8 +350,7 @@ class VQAv2Data(SplitDataModule):
         super().__init__()
         if pad not in ("corner", "centre"):
             raise ValueError(f"data.pad={pad!r}: expected 'corner' or 'centre'")
-        if (root is None) == (hf_dataset is None):
-            raise ValueError("set exactly one of data.root (the official VQAv2 files) and data.hf_dataset")
+        check_source(root, hf_dataset, "the official VQAv2 files")
         if root is not None:
             require_dir(root, "data.root")
         if max_questions is not None and max_questions < 1:
@@ -373,8 +372,9 @@ class VQAv2Data(SplitDataModule):
             ]
         )
 
-    def _split(self, name: str, answers: bool = True) -> Dataset:
+    def _split(self, setting: str, answers: bool = True) -> Dataset:
         hp = self.hparams
+        name = hp[setting] if setting != "predict_split" else hp.predict_split or hp.val_split
         if hp.root is not None:
             items = load_vqa(Path(hp.root), name, hp.max_questions, answers)
             ds = VQAImages(items, self.transform())
@@ -382,9 +382,7 @@ class VQAv2Data(SplitDataModule):
         splits = self.hf_splits()
         label = f"data.hf_dataset={hp.hf_dataset!r}[{name}]"
         if name not in splits:
-            raise FileNotFoundError(
-                f"{label}: no such split (splits: {list(splits)}); set data.train_split/val_split/predict_split"
-            )
+            raise self.missing_split(setting, name)
         items = load_vqa_hf(splits[name], label, hp.max_questions, answers)
         ds = VQAImages(items, self.transform(), splits[name].select_columns(["image"]))
         return SkipCorrupt(
@@ -394,15 +392,14 @@ class VQAv2Data(SplitDataModule):
         )
 
     def setup(self, stage: str) -> None:
-        hp = self.hparams
         if stage == "predict":
             if "predict" not in self.datasets:
-                self.datasets["predict"] = self._split(hp.predict_split or hp.val_split, answers=False)
+                self.datasets["predict"] = self._split("predict_split", answers=False)
             return
         if "val" not in self.datasets:
-            self.datasets["val"] = self._split(hp.val_split)
+            self.datasets["val"] = self._split("val_split")
         if "train" not in self.datasets and stage == "fit":  # validate and test read no training questions
-            self.datasets["train"] = self._split(hp.train_split)
+            self.datasets["train"] = self._split("train_split")
 
     collate_fn = staticmethod(collate)
 

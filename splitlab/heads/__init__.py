@@ -4,7 +4,7 @@ The feature pyramid that dense heads share, torchvision's detection heads, the m
 decode-head adapter. The LightningModules in `splitlab.tasks` wire a head to its loss and metrics.
 """
 
-from splitlab.heads.detection import DETECTORS, DetectionHead, reference_proposals
+from splitlab.heads.detection import DETECTORS, DetectionHead, reference_proposals, without_crowd
 from splitlab.heads.pyramid import (
     SimpleFeaturePyramid,
     check_pyramid_grid,
@@ -30,4 +30,5 @@ __all__ = [
     "pyramid_scales",
     "reference_proposals",
     "token_order",
+    "without_crowd",
 ]

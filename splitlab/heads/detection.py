@@ -37,6 +37,17 @@ class PyramidStub(nn.Module):
         raise RuntimeError("DetectionHead feeds the detector its pyramid directly")
 
 
+PER_BOX = ("boxes", "labels", "masks", "iscrowd", "area")
+
+
+def without_crowd(target: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The instances a detector learns from: COCO's crowd regions (``iscrowd``) are not instances."""
+    if "iscrowd" not in target:
+        return target
+    keep = target["iscrowd"] == 0
+    return {k: v[keep] if k in PER_BOX else v for k, v in target.items()}
+
+
 @contextmanager
 def heads_in_train_mode(detector: nn.Module, training: bool = True) -> Iterator[None]:
     """Switch torchvision's RPN and RoI heads to train (losses) or eval (detections) for a block.

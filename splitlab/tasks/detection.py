@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -10,49 +9,11 @@ from typing import Any
 import torch
 from torch import Tensor
 from torchmetrics import MetricCollection
-from torchmetrics.detection import MeanAveragePrecision
 
-from splitlab.heads import DetectionHead
-from splitlab.metrics import FineCoverage, instance_label_map
+from splitlab.heads import DetectionHead, without_crowd
+from splitlab.metrics import coco_truth, detection_metrics, instance_label_map
 from splitlab.tasks.dense import DenseTask
 from splitlab.tokenizer import TokenLayout
-
-
-def map_backend() -> str:
-    """faster-coco-eval when installed (same numbers, faster), else pycocotools."""
-    return "faster_coco_eval" if importlib.util.find_spec("faster_coco_eval") else "pycocotools"
-
-
-def detection_metrics(cell: int | None = None) -> MetricCollection:
-    """COCO box mAP (map, map_50, map_75, ...) with torchmetrics, in the original images' pixels;
-    with ``cell`` (the finest patch size) also the fine-token coverage of objects and their edges."""
-    metrics: dict[str, Any] = {
-        "map": MeanAveragePrecision(iou_type="bbox", box_format="xyxy", backend=map_backend())
-    }
-    if cell is not None:
-        metrics["coverage"] = FineCoverage(cell, ignore_index=-1, background=(0,))
-    return MetricCollection(metrics, compute_groups=False)
-
-
-PER_BOX = ("boxes", "labels", "masks", "iscrowd", "area")
-
-
-def without_crowd(target: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The instances a detector learns from: COCO's crowd regions (``iscrowd``) are not instances."""
-    if "iscrowd" not in target:
-        return target
-    keep = target["iscrowd"] == 0
-    return {k: v[keep] if k in PER_BOX else v for k, v in target.items()}
-
-
-def coco_truth(target: dict[str, Tensor], scale: float = 1.0) -> dict[str, Tensor]:
-    """A target as COCO evaluation reads it: boxes in the original image's pixels, and crowd regions
-    flagged with their annotated area, so that a detection on a crowd is ignored, not a false
-    positive, and small / medium / large go by the annotation's area, as in the official numbers."""
-    truth = {"boxes": target["boxes"].float() / scale, "labels": target["labels"]}
-    if "iscrowd" in target:
-        truth.update(iscrowd=target["iscrowd"], area=target["area"].float())
-    return truth
 
 
 class DetectionTask(DenseTask):
@@ -115,8 +76,12 @@ class DetectionTask(DenseTask):
         # The heads' samplers are seeded from the policy's generator (resumed runs repeat them), one
         # seed per image id: PPO's rollouts of one image share their draws, so the advantage
         # measures the layout, not the sampling noise.
-        base = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator, device=self.generator.device))
-        seeds = [base + 7919 * int(t.get("image_id", torch.tensor(i))) for i, t in enumerate(targets)]
+        device = self.generator.device
+        base = torch.randint(0, 2**31 - 1, (1,), generator=self.generator, device=device)
+        ids = torch.stack(
+            [t.get("image_id", torch.tensor(i)).to(device).reshape(()) for i, t in enumerate(targets)]
+        )
+        seeds = (base + 7919 * ids.long()).tolist()  # one host read for the batch, not one per image
         instances = [without_crowd(t) for t in targets]
         return self.head.per_image_loss(outputs, instances, seeds, reference=self.stage == "ppo")
 

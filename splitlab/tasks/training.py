@@ -127,10 +127,10 @@ class StageTraining(Optimization, BudgetTraining):
         0.89 without labels; at 0.5 0.96 against 0.96). A share decaying from 0.5 to 0 over the
         warm start measured the same (0.86 at 0.3), so the simpler constant share stays.
         """
-        sampled = policy.sample(logits, self.generator)
         share = float(self.hparams.teacher_forcing)
         if share <= 0:
-            return self.tokenizer.tokenize(tokens, "labels", labels=sampled, logits=logits)
+            return self.tokenizer.tokenize(tokens, "sample", logits=logits, generator=self.generator)
+        sampled = policy.sample(logits, self.generator)
         batch, device = tokens[0].shape[0], tokens[0].device
         teacher = torch.rand(batch, generator=self.generator, device=device) < share
         mixed = [

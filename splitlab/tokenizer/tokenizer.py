@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from splitlab.tokenizer import policy
+import splitlab.tokenizer.policy as policy
 from splitlab.tokenizer.budget import OperatingPoints
 from splitlab.tokenizer.decision import SplitDecision
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed, space_to_depth

@@ -6,6 +6,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -345,7 +346,10 @@ def test_hf_answers_as_strings_and_bad_rows(tmp_path: Path) -> None:
     assert image_t.shape == (3, 32, 32)
     assert target["question_ids"] == [10, 11] and target["multiple_choice_answers"] == ["yes", "red"]
     assert target["question_types"] == ["", ""]
-    with pytest.raises(FileNotFoundError, match=r"\[train2014\]: no such split"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"data.train_split='train2014': no such split in .*; splits: \['validation'\]",
+    ):
         VQAv2Data(hf_dataset=str(path), val_split="validation", num_workers=0).setup("fit")
     rows["answers"][2] = ["red"] * 3
     bad = tmp_path / "bad"
@@ -383,66 +387,76 @@ def test_missing_questions_or_annotations_file(tmp_path: Path, vqa_root: Path) -
         _setup(root)
 
 
-def test_question_without_annotation(tmp_path: Path, vqa_root: Path) -> None:
-    root = _copy(vqa_root, tmp_path)
+def _edit_annotations(root: Path, edit) -> Any:
     _, _, a_path, annotations = _docs(root, "val2014")
-    dropped = annotations["annotations"].pop(1)["question_id"]
+    result = edit(annotations["annotations"])
     a_path.write_text(json.dumps(annotations))
-    with pytest.raises(
-        ValueError,
-        match=rf"v2_mscoco_val2014_annotations.json: no annotation for 1 question\(s\), e.g. question_id {dropped}",
-    ):
-        _setup(root)
+    return result
 
 
-@pytest.mark.parametrize("count", [9, 11])
-def test_annotation_without_ten_answers(tmp_path: Path, vqa_root: Path, count: int) -> None:
-    root = _copy(vqa_root, tmp_path)
-    _, _, a_path, annotations = _docs(root, "val2014")
-    ann = annotations["annotations"][2]
-    ann["answers"] = (ann["answers"] * 2)[:count]
-    a_path.write_text(json.dumps(annotations))
-    with pytest.raises(
-        ValueError,
-        match=rf"v2_mscoco_val2014_annotations.json: question_id {ann['question_id']} has {count} answers",
-    ):
-        _setup(root)
+def _drop_annotation(root: Path) -> tuple[type, str]:
+    dropped = _edit_annotations(root, lambda anns: anns.pop(1)["question_id"])
+    return ValueError, (
+        rf"v2_mscoco_val2014_annotations.json: no annotation for 1 question\(s\), e.g. question_id {dropped}"
+    )
 
 
-def test_unknown_answer_type(tmp_path: Path, vqa_root: Path) -> None:
-    root = _copy(vqa_root, tmp_path)
-    _, _, a_path, annotations = _docs(root, "val2014")
-    annotations["annotations"][0]["answer_type"] = "colour"
-    a_path.write_text(json.dumps(annotations))
-    with pytest.raises(
-        ValueError,
-        match=r"annotations.json: question_id \d+ has answer_type 'colour'; expected one of 'yes/no', 'number', 'other'",
-    ):
-        _setup(root)
+def _answers(count: int):
+    def edit(root: Path) -> tuple[type, str]:
+        def cut(anns: list) -> int:
+            anns[2]["answers"] = (anns[2]["answers"] * 2)[:count]
+            return anns[2]["question_id"]
+
+        qid = _edit_annotations(root, cut)
+        return ValueError, rf"v2_mscoco_val2014_annotations.json: question_id {qid} has {count} answers"
+
+    return edit
 
 
-def test_questions_and_annotations_disagree_on_image(tmp_path: Path, vqa_root: Path) -> None:
-    root = _copy(vqa_root, tmp_path)
+def _unknown_answer_type(root: Path) -> tuple[type, str]:
+    _edit_annotations(root, lambda anns: anns[0].update(answer_type="colour"))
+    return ValueError, (
+        r"annotations.json: question_id \d+ has answer_type 'colour'; expected one of 'yes/no', 'number', 'other'"
+    )
+
+
+def _image_disagrees(root: Path) -> tuple[type, str]:
     q_path, questions, _, _ = _docs(root, "val2014")
     q = questions["questions"][0]
     q["image_id"] += 1
     q_path.write_text(json.dumps(questions))
-    with pytest.raises(
-        ValueError,
-        match=rf"questions.json and .*annotations.json disagree on the image of question_id {q['question_id']}",
-    ):
-        _setup(root)
+    return ValueError, (
+        rf"questions.json and .*annotations.json disagree on the image of question_id {q['question_id']}"
+    )
 
 
-def test_missing_image(tmp_path: Path, vqa_root: Path) -> None:
-    root = _copy(vqa_root, tmp_path)
+def _missing_image(root: Path) -> tuple[type, str]:
     _, questions, _, _ = _docs(root, "val2014")
     image_id = questions["questions"][0]["image_id"]
     (root / "val2014" / f"COCO_val2014_{image_id:012d}.png").unlink()
-    with pytest.raises(
-        FileNotFoundError,
-        match=rf"questions.json names 1 image\(s\) missing from .*val2014, e.g. COCO_val2014_{image_id:012d}.jpg \(or .png\)",
-    ):
+    return FileNotFoundError, (
+        rf"questions.json names 1 image\(s\) missing from .*val2014, e.g. COCO_val2014_{image_id:012d}.jpg \(or .png\)"
+    )
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    [_drop_annotation, _answers(9), _answers(11), _unknown_answer_type, _image_disagrees, _missing_image],
+    ids=[
+        "question-without-annotation",
+        "9-answers",
+        "11-answers",
+        "answer-type",
+        "image-disagrees",
+        "missing-image",
+    ],
+)
+def test_files_that_disagree_are_refused_naming_the_file_and_id(
+    tmp_path: Path, vqa_root: Path, break_it
+) -> None:
+    root = _copy(vqa_root, tmp_path)
+    error, message = break_it(root)
+    with pytest.raises(error, match=message):
         _setup(root)
 
 

@@ -41,3 +41,21 @@ def test_a_head_mmseg_cannot_build_names_the_setting(pyramid) -> None:
         match=r"model.init_args.decode_head: mmseg cannot build a FCNHead from it: .* keyword argument 'pool_scales'",
     ):
         SegmentationHead(pyramid, num_classes=5, decode_head={"type": "FCNHead", "pool_scales": (1, 2)})
+
+
+def test_without_compiled_ops_mmcv_ops_is_a_stand_in_that_names_the_fix() -> None:
+    """mmcv-lite has no compiled ops: `import_mmseg` gives mmseg the pure-Python ``point_sample``
+    (a bilinear sample at normalised points) and a clear error for any compiled op."""
+    import sys
+
+    from splitlab.heads.mmseg import import_mmseg
+
+    import_mmseg()
+    ops = sys.modules["mmcv.ops"]
+    if not getattr(ops, "__file__", "").endswith("heads/mmseg.py"):
+        pytest.skip("a full mmcv with compiled ops is installed: used as is")
+    grid = torch.arange(16.0).view(1, 1, 4, 4)
+    centre = ops.point_sample(grid, torch.tensor([[[0.125, 0.125], [0.875, 0.375]]]), align_corners=False)
+    assert centre.flatten().tolist() == pytest.approx([0.0, 7.0])  # the centres of cells (0, 0) and (1, 3)
+    with pytest.raises(NotImplementedError, match=r"mmcv.ops.roi_align needs mmcv's compiled ops.*UPerHead"):
+        ops.roi_align(grid)

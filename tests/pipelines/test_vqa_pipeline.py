@@ -18,7 +18,7 @@ import pytest
 
 from splitlab.cli import lightning_main
 from splitlab.commands.demo import ci_recipe, run_pipeline
-from tests.helpers import launch, one_point_curve
+from tests.helpers import TWO_CPU_RANKS, launch, one_point_curve
 
 KINDS = ("vqa_q_what_pattern", "vqa_q_what_color", "vqa_q_is_there", "vqa_q_how_many")
 
@@ -122,9 +122,7 @@ def test_predict_on_two_ranks_writes_one_results_file(vqa_run, tmp_path) -> None
             "--trainer.logger=false",
             f"--trainer.default_root_dir={tmp_path}",
             "--trainer.enable_progress_bar=false",
-            "--trainer.accelerator=cpu",
-            "--trainer.devices=2",
-            "--trainer.strategy=ddp",
+            *TWO_CPU_RANKS,
             f"--ckpt_path={out / 'checkpoints' / 'last.ckpt'}",
         ]
     )
