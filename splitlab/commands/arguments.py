@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def positive_int(text: str) -> int:
@@ -46,6 +47,30 @@ def fraction_list(text: str) -> list[float]:
     if not values:
         raise argparse.ArgumentTypeError("give at least one fraction, e.g. 0.3,0.5,0.7")
     return values
+
+
+def device_name(text: str) -> str:
+    """A torch device (``cpu``, ``cuda``, ``cuda:1``, ``mps``); whether it is present is checked on use."""
+    import torch
+
+    try:
+        torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file to write at the end of a command: its folder must be creatable now, not after the work."""
+    from pathlib import Path
+
+    folder = Path(text).expanduser().parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: {existing} is not writable")
+    return text
 
 
 def _int(text: str) -> int:

@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from splitlab.backbone import PackedViT, backbone_flops
-from splitlab.commands.arguments import count, fraction, positive_int
+from splitlab.commands.arguments import count, device_name, fraction, output_file, positive_int
 from splitlab.report import format_bench
 from splitlab.tokenizer import Levels, SplitTokenizer, build_layout, calibrate_threshold
 
@@ -343,7 +343,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dtype", default="float32", choices=sorted(DTYPES), help="autocast dtype (float32: none)"
     )
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--levels", type=positive_int, nargs="+", default=None, help="patch sizes coarse to fine")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--ckpt", default=None, help="a trained SPLIT checkpoint (its policy decides)")
@@ -359,7 +359,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="torch.compile: timm's model whole (static shapes), SPLIT's blocks (dynamic); with --lm both paths run the per-block compile",
     )
-    p.add_argument("--json", default=None, help="also write the numbers to this file")
+    p.add_argument("--json", type=output_file, default=None, help="also write the numbers to this file")
     p.add_argument(
         "--lm",
         default=None,
@@ -368,22 +368,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    settings = {f.name: getattr(args, f.name) for f in fields(BenchConfig) if hasattr(args, f.name)}
     cfg = BenchConfig(
-        model=args.model,
-        img_size=args.img_size,
-        batch_size=args.batch_size,
-        dtype=args.dtype,
-        device=args.device,
-        levels=args.levels,
-        ckpt=args.ckpt,
-        fraction=args.fraction if args.fraction is not None or args.ckpt else 0.7,
-        images=args.images,
-        warmup=args.warmup,
-        iters=args.iters,
-        attn_backend=args.attn_backend,
-        compile=args.compile,
-        lm=args.lm,
-        patch_size=args.patch_size,
+        **{**settings, "fraction": 0.7 if args.fraction is None and not args.ckpt else args.fraction}
     )
     result = run_bench(cfg)
     print(format_bench(result))

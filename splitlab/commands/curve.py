@@ -25,7 +25,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run_dir", help="what a fit leaves: config.yaml and checkpoints/last.ckpt")
     p.add_argument(
-        "--fractions", type=fraction_list, default=[0.3, 0.5, 0.7], help="budgets (default 0.3,0.5,0.7)"
+        "--fractions",
+        type=fraction_list,
+        default=None,
+        help="budgets, e.g. 0.3,0.5,0.7 (default: the trained range's ends and the run's target; a policy "
+        "trained for one budget: that budget)",
     )
     p.add_argument("--ckpt", default=None, help="checkpoint (default RUN_DIR/checkpoints/last.ckpt)")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/curve)")
@@ -63,7 +67,7 @@ def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> 
         raise ValueError(
             f"unknown arguments {bad}: only --data.*, --model.*, --trainer.* overrides are passed on"
         )
-    _check_trained_budgets(config, args.fractions)
+    args.fractions = _check_trained_budgets(config, args.fractions)
     out = Path(args.out) if args.out else run / "curve"
     first, *rest = args.fractions
     argv = [
@@ -80,12 +84,17 @@ def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> 
     return argv, out
 
 
-def _check_trained_budgets(config: Path, fractions: Sequence[float]) -> None:
-    """Refuse, before loading anything, fractions the run's policy was not trained for."""
+def _check_trained_budgets(config: Path, fractions: Sequence[float] | None) -> list[float]:
+    """The fractions to evaluate (by default those the run's policy serves), refusing, before loading
+    anything, fractions it was not trained for."""
     import yaml
 
     settings = (yaml.safe_load(config.read_text()) or {}).get("model", {}).get("init_args", {})
     budgets, target = settings.get("budgets"), settings.get("target_fraction")
+    if fractions is None:
+        if budgets is None:
+            return [float(target if target is not None else 0.5)]
+        return sorted({float(min(budgets)), float(target), float(max(budgets))})
     if budgets is None:
         others = target is None or any(abs(f - float(target)) > 1e-6 for f in fractions)
         if others:
@@ -94,7 +103,7 @@ def _check_trained_budgets(config: Path, fractions: Sequence[float]) -> None:
                 f"budget {target} only (budgets: null); a curve needs a budget-conditioned run "
                 "(model.init_args.budgets: [lowest, highest])"
             )
-        return
+        return list(fractions)
     lo, hi = min(budgets), max(budgets)
     outside = [f for f in fractions if not lo - 1e-6 <= f <= hi + 1e-6]
     if outside:
@@ -102,6 +111,7 @@ def _check_trained_budgets(config: Path, fractions: Sequence[float]) -> None:
             f"--fractions: {', '.join(f'{f:g}' for f in outside)} outside the range the policy of {config} "
             f"was trained for (budgets: [{lo:g}, {hi:g}])"
         )
+    return list(fractions)
 
 
 def main(args: argparse.Namespace, overrides: Sequence[str] = ()) -> int:

@@ -173,11 +173,20 @@ class VQATask(SplitTask):
 
     def on_predict_epoch_start(self) -> None:
         self._results: list[dict[str, Any]] = []
+        self._results_path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "vqa_results.json"
+        if self.trainer.is_global_zero:  # written at the end: find out now that it can be
+            try:
+                self._results_path.parent.mkdir(parents=True, exist_ok=True)
+                self._results_path.write_text("[]\n")
+            except OSError as err:
+                raise OSError(
+                    f"{self._results_path}: predict cannot write its results file ({err.strerror or err}); "
+                    "choose another trainer.default_root_dir or logger save_dir"
+                ) from err
 
     def on_predict_epoch_end(self) -> None:
         """One ``vqa_results.json`` (on rank 0): every rank's answers gathered, each question once
         (the distributed sampler repeats a few images to even out the ranks), sorted by id."""
-        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)  # a collective: every rank
         gathered = [self._results]
         if self.trainer.world_size > 1 and torch.distributed.is_initialized():
             gathered = [None] * self.trainer.world_size
@@ -185,5 +194,4 @@ class VQATask(SplitTask):
         if not self.trainer.is_global_zero:
             return
         answers = {r["question_id"]: r for part in gathered for r in part}
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "vqa_results.json").write_text(json.dumps([answers[q] for q in sorted(answers)]) + "\n")
+        self._results_path.write_text(json.dumps([answers[q] for q in sorted(answers)]) + "\n")

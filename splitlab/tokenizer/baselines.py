@@ -6,12 +6,14 @@ fed to the same quadtree walk as the learned policy, so comparisons are like for
 ``entropy`` is APT as APT does it (Choudhury et al. 2025, its ``compute_patch_entropy_batched``):
 grayscale ``0.2989 R + 0.5870 G + 0.1140 B`` of pixels in ``[0, 255]``, quantised into 512 bins,
 Shannon entropy in bits, and **one threshold per scale**: a patch of level ``k`` splits where
-its entropy reaches ``t_k``. Larger patches have systematically higher entropy (measured on the
+its entropy exceeds ``t_k``. Larger patches have systematically higher entropy (measured on the
 generated images: 6.4 bits at 32 px, 6.0 at 16 px, 5.0 at 8 px), so one threshold for all levels
 (``entropy_single``, the old baseline) splits nearly every coarse patch first. To meet a target
 fraction the per-level thresholds are the same quantile of each level's entropies (every level
-splits the same share of its patches), that share found by bisection on the batch
-(`level_quantiles` + `calibrate_threshold`).
+splits the same share of its patches), that share found by a grid search over quantiles,
+refined around the best (`level_quantiles` + `calibrate_threshold`): on each evaluation batch for
+the same-backbone comparison rows, once on a calibration sample for APT trained in the pipeline
+(`level_thresholds`, fixed cuts as APT's).
 """
 
 from __future__ import annotations

@@ -99,3 +99,25 @@ def test_generated_shapes_record_where_each_object_is(tmp_path, fmt) -> None:
                 assert (root / key).is_file() and key.startswith(f"{split}/")
             assert 0 <= x0 < x1 <= 64 and 0 <= y0 < y1 <= 64
             assert x1 - x0 == y1 - y0 and 12 <= x1 - x0 <= 20  # squares of 3/16 to 5/16 of the side
+
+
+def test_on_a_flat_background_the_object_is_the_only_busy_region() -> None:
+    """``--background flat``: pixel entropy (APT's cue) is zero on every patch off the object and high
+    on the object's patches; on the default busy background every texture patch out-scores the object's
+    typical patch (its two colours), so entropy points away from the object."""
+    import numpy as np
+
+    from splitlab.data.shapes import render
+    from splitlab.tokenizer import patch_entropy
+
+    rng = np.random.default_rng(0)
+    for background, object_wins in (("flat", True), ("busy", False)):
+        img, (x0, y0, x1, y1) = render("checks", rng, size=64, background=background)
+        entropy = patch_entropy(torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255, 8)[0]
+        cells = torch.zeros(8, 8, dtype=torch.bool)  # 8 px cells the object touches
+        cells[y0 // 8 : (y1 - 1) // 8 + 1, x0 // 8 : (x1 - 1) // 8 + 1] = True
+        on, off = entropy[cells], entropy[~cells]
+        if object_wins:
+            assert off.max() == 0 and on.min() > 0
+        else:
+            assert off.min() > on.median() + 2

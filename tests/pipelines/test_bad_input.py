@@ -299,6 +299,20 @@ def test_bad_coco_annotations_stop_before_training(coco_root, tmp_path, capsys, 
     assert untrained(tmp_path / "logs")
 
 
+@pytest.mark.parametrize(("text", "message"), [("[]", "not a JSON object"), ('{"images": [', "not JSON")])
+def test_a_coco_file_that_is_not_a_coco_document(coco_root, tmp_path, capsys, text, message) -> None:
+    root = tmp_path / "coco"
+    shutil.copytree(coco_root, root)
+    (root / "annotations" / "instances_train2017.json").write_text(text)
+    fails(
+        capsys,
+        coco_args(root, tmp_path / "logs"),
+        "instances_train2017.json: malformed COCO annotations",
+        message,
+    )
+    assert untrained(tmp_path / "logs")
+
+
 def test_a_missing_coco_annotation_file(coco_root, tmp_path, capsys) -> None:
     root = tmp_path / "coco"
     shutil.copytree(coco_root, root)
@@ -510,8 +524,10 @@ def test_an_unwritable_picture_folder_is_a_warning(shapes_root, tmp_path) -> Non
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 
-def stopped_at(epoch: int, batch: int, rl_epochs: int) -> tuple[dict, dict, dict]:
-    """Callbacks of a run that SIGTERM stops at ``batch`` of ``epoch``: schedule, checkpoint, signal."""
+def stopped_at(
+    epoch: int, batch: int, rl_epochs: int, signal_name: str = "SIGTERM"
+) -> tuple[dict, dict, dict]:
+    """Callbacks of a run that a signal stops at ``batch`` of ``epoch``: schedule, checkpoint, signal."""
     schedule = {
         "class_path": "splitlab.callbacks.SplitSchedule",
         "init_args": {"warm_start_epochs": 1, "rl_epochs": rl_epochs},
@@ -522,7 +538,7 @@ def stopped_at(epoch: int, batch: int, rl_epochs: int) -> tuple[dict, dict, dict
     }
     stop = {
         "class_path": "tests.helpers.SignalAt",
-        "init_args": {"epoch": epoch, "batch": batch, "signal_name": "SIGTERM"},
+        "init_args": {"epoch": epoch, "batch": batch, "signal_name": signal_name},
     }
     return schedule, checkpoint, stop
 
@@ -560,16 +576,17 @@ def test_sigterm_leaves_a_checkpoint_and_last_resumes_the_unversioned_run(
     assert state["epoch"] == 2 and state["splitlab"]["stage"] == "ppo"
 
 
+@pytest.mark.parametrize(("signal_name", "code"), [("SIGTERM", 15), ("SIGINT", 2)])
 def test_a_stop_after_an_epochs_last_batch_still_validates_and_saves_that_epoch(
-    shapes_root, tmp_path
+    shapes_root, tmp_path, signal_name, code
 ) -> None:
     """The epoch is complete (a resume starts the next one): skipping its validation and checkpoint
-    would leave them missing for good."""
-    schedule, checkpoint, stop = stopped_at(epoch=0, batch=2, rl_epochs=1)
+    would leave them missing for good. Ctrl-C (SIGINT) stops as SIGTERM does."""
+    schedule, checkpoint, stop = stopped_at(epoch=0, batch=2, rl_epochs=1, signal_name=signal_name)
     args = tiny_args(shapes_root, tmp_path, f"--trainer.callbacks={json.dumps([schedule, checkpoint, stop])}")
     with pytest.raises(SystemExit) as exit_:  # 24 images in batches of 8: batch 2 is epoch 0's last
         main(["fit", *args])
-    assert exit_.value.code == 128 + 15 and (tmp_path / "checkpoints" / "interrupted.ckpt").is_file()
+    assert exit_.value.code == 128 + code and (tmp_path / "checkpoints" / "interrupted.ckpt").is_file()
     assert list((tmp_path / "checkpoints").glob("epoch=0-*.ckpt"))
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     assert any(r.get("epoch") == "0" and r.get("val/fraction") for r in rows)
@@ -601,6 +618,11 @@ COMMANDS = [
     (["bench", "--iters", "0"], "argument --iters: 0 is not a positive integer"),
     (["bench", "--fraction", "0"], "argument --fraction: 0 is not a token fraction in (0, 1]"),
     (["bench", "--device", "cuda"], "--device cuda: CUDA is not available"),
+    (["bench", "--device", "gpu0"], "argument --device: 'gpu0' is not a torch device"),
+    (
+        ["bench", "--json", "/proc/version/out.json"],
+        "argument --json: '/proc/version/out.json': /proc/version is a file",
+    ),
     (["bench", "--ckpt", "/no/such.ckpt"], "--ckpt='/no/such.ckpt': no such checkpoint file"),
     (
         ["bench", "--model", "test_vit", "--img-size", "64", "--images", "/no/such/folder"],

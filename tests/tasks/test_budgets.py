@@ -185,6 +185,33 @@ def test_curve_of_a_run(conditioned, shapes_root, tmp_path) -> None:
     assert (out / "curve.png").stat().st_size > 0
 
 
+def test_curve_defaults_to_the_budgets_a_run_serves(conditioned, tmp_path) -> None:
+    """Without ``--fractions``: a conditioned run's range ends and its target (one validate); a policy
+    trained for one budget gets that budget's point (`one_point_curve` runs it on every dense task)."""
+    import argparse
+
+    from splitlab.commands.curve import curve_arguments
+
+    argv, _ = curve_arguments(
+        argparse.Namespace(run_dir=str(conditioned), fractions=None, ckpt=None, out=None)
+    )
+    assert (
+        "--model.init_args.target_fraction=0.3" in argv
+        and "--model.init_args.eval_budgets=[0.5, 0.7]" in argv
+    )
+    config = tmp_path / "config.yaml"  # the same run, as if trained for 0.4 alone
+    text = (conditioned / "config.yaml").read_text()
+    import yaml
+
+    settings = yaml.safe_load(text)
+    settings["model"]["init_args"].update(budgets=None, target_fraction=0.4)
+    config.write_text(yaml.safe_dump(settings))
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    argv, _ = curve_arguments(argparse.Namespace(run_dir=str(tmp_path), fractions=None, ckpt=None, out=None))
+    assert "--model.init_args.target_fraction=0.4" in argv and "--model.init_args.eval_budgets=[]" in argv
+
+
 def test_curve_refuses_budgets_outside_the_trained_range(conditioned) -> None:
     with pytest.raises(ValueError, match=r"--fractions: 0.2 outside .* \(budgets: \[0.3, 0.7\]\)"):
         run(["curve", str(conditioned), "--fractions", "0.2,0.5"])
@@ -198,3 +225,39 @@ def test_curve_refuses_bad_fractions(conditioned, capsys, fractions, message) ->
     with pytest.raises(SystemExit) as exit_:
         run(["curve", str(conditioned), "--fractions", fractions])
     assert exit_.value.code == 2 and message.replace("\\", "") in capsys.readouterr().err.replace("\\", "")
+
+
+def test_a_resumed_fit_deploys_the_budget_it_is_given(conditioned, shapes_root, tmp_path) -> None:
+    """`fit --ckpt_path X --model.init_args.target_fraction 0.35` on a conditioned policy: training goes
+    on over the trained range, and what the run deploys and reports is the budget given, not the
+    checkpoint's 0.5 (never silently kept)."""
+    epoch0 = next((conditioned / "checkpoints").glob("epoch=0-*.ckpt"))
+    fit(
+        shapes_root,
+        tmp_path,
+        *schedule_args(1, 1),
+        "--model.init_args.eval_budgets=[0.3]",
+        "--model.init_args.target_fraction=0.35",
+        f"--ckpt_path={epoch0}",
+    )
+    record = json.loads((tmp_path / "summary.json").read_text())
+    first = json.loads((conditioned / "summary.json").read_text())
+    assert first["target_fraction"] == 0.5 and record["target_fraction"] == 0.35
+    deployed = record["policies"]["learned"]["token_fraction_mean"]
+    # 12 validation images, a cut calibrated on 24: near the budget given, far from the checkpoint's
+    assert abs(deployed - 0.35) < 0.1 < first["policies"]["learned"]["token_fraction_mean"] - deployed
+
+
+def test_a_resumed_fit_of_an_unconditioned_policy_refuses_another_budget(shapes_root, tmp_path) -> None:
+    single = ["--model.init_args.budgets=null"]
+    fit(shapes_root, tmp_path / "run", *schedule_args(1, 0), *single)
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    with pytest.raises(ValueError, match="the checkpoint's policy was trained for budgets 0.5 only"):
+        fit(
+            shapes_root,
+            tmp_path / "again",
+            *schedule_args(1, 1),
+            *single,
+            "--model.init_args.target_fraction=0.3",
+            f"--ckpt_path={ckpt}",
+        )

@@ -64,6 +64,27 @@ def test_the_tasks_miou_equals_mmseg_iou_metric() -> None:
     assert 0.3 < expected < 0.9  # a real mix of right and wrong pixels, not a degenerate case
 
 
+def test_the_tasks_fine_coverage_counts_only_classes_that_are_not_background() -> None:
+    """32 px images on levels 16/8: a 2x2 grid of 16 px parents, the top-left one split. Pixels of a
+    background ("stuff") class are not objects, whatever their value; an object cell on the split
+    parent has a finest token, one elsewhere does not."""
+    task = SegmentationTask(num_classes=4, background_classes=[0, 3], **TINY)
+    metrics = task.build_metrics()
+    split = torch.zeros(1, 2, 2, dtype=torch.bool)
+    split[0, 0, 0] = True
+    layout = build_layout([torch.zeros(1, 2, 2, 4), torch.zeros(1, 4, 4, 4)], [split], task.levels)
+    target = torch.zeros(1, 32, 32, dtype=torch.long)
+    target[0, :8, :8] = 1  # object cell (0, 0): fine, and wholly object (no boundary)
+    target[0, 0, 8] = 2  # one object pixel in cell (0, 1): fine; object and boundary
+    target[0, 16:24, 16:24] = 2  # object cell (2, 2): coarse
+    target[0, 24:, :] = 3  # stuff (class 3): neither object nor boundary, though not class 0
+    logits = torch.zeros(1, 4, 32, 32)
+    task.update_metrics(metrics, {"logits": logits}, target, layout)
+    values = metrics.compute()
+    assert values["object_fine_coverage"].item() == pytest.approx(2 / 3)
+    assert values["boundary_fine_coverage"].item() == pytest.approx(1.0)
+
+
 def test_background_classes_must_be_classes() -> None:
     with pytest.raises(ValueError, match=r"background_classes \[7\] are not classes of num_classes=5"):
         SegmentationTask(num_classes=5, background_classes=[0, 7], **TINY)

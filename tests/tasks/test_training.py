@@ -228,3 +228,31 @@ def test_a_resume_on_another_number_of_ranks_is_named() -> None:
     with pytest.warns(UserWarning, match=r"saved by 2 rank\(s\), this run has 1: .*resume on 2 rank\(s\)"):
         task.on_load_checkpoint({"splitlab": {"generators": states, "stage": "ppo"}})
     assert task.stage == "ppo" and torch.equal(task.generator.get_state(), states[0])
+
+
+def test_the_warm_start_imitates_labels_of_the_raw_embeddings(shapes_root, tmp_path, monkeypatch) -> None:
+    """The imitation target is taken on the patch embeddings before the trainable children projection
+    and level embedding (the second output of ``embed``): with the tokens the warm start trains, the
+    target would drift as they train (and start out identical for every patch)."""
+    import splitlab.tasks.training as training
+    from splitlab.tokenizer import MultiScalePatchEmbed
+
+    embedded, labelled = [], []
+    embed, labels = MultiScalePatchEmbed.forward, training.warm_start_labels
+
+    def spy_embed(self, *args, **kwargs):
+        out = embed(self, *args, **kwargs)
+        embedded.append(out)
+        return out
+
+    def spy_labels(content, *args, **kwargs):
+        labelled.append(content)
+        return labels(content, *args, **kwargs)
+
+    monkeypatch.setattr(MultiScalePatchEmbed, "forward", spy_embed)
+    monkeypatch.setattr(training, "warm_start_labels", spy_labels)
+    fit(shapes_root, tmp_path, *schedule_args(1, 0), "--trainer.limit_train_batches=2")
+    assert len(labelled) == 2
+    for content in labelled:  # each is the raw output of an embed call, never the tokens
+        (tokens, raw) = next(out for out in embedded if out[1] is content)
+        assert not any(torch.equal(t, c) for t, c in zip(tokens, content, strict=True))

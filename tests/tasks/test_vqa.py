@@ -124,3 +124,28 @@ def test_a_frozen_lm_loaded_by_name_stays_out_of_checkpoints(tmp_path) -> None:
     left_out = {"state_dict": {}, "splitlab": {"rebuilt": ["head.bridge.lm.model.no_such_layer.weight"]}}
     with pytest.raises(ValueError, match="same lm"):
         from_config.on_load_checkpoint(left_out)
+
+
+def test_a_llava_whose_projector_reads_another_width_is_refused(tmp_path) -> None:
+    """LLaVA's projector was trained on its own vision tower's width: under a ViT of another width the
+    task refuses to build, naming the LM and both widths (the LM side always matches: the projector
+    writes the LM's width)."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    vision = CLIPVisionConfig(
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    text = LlamaConfig(**{**LM, "vocab_size": len(WORDS), "max_position_embeddings": 64})
+    LlavaForConditionalGeneration(LlavaConfig(vision_config=vision, text_config=text)).save_pretrained(
+        tmp_path / "llava"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"lm='.*llava': its projector reads 48-wide features, the backbone 'vit_tiny_patch16_224' gives 32",
+    ):
+        task_with(tmp_path, lm=str(tmp_path / "llava"))
