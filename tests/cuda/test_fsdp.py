@@ -1,5 +1,6 @@
 """`BlockFSDPStrategy` end to end on one GPU (Lightning runs FSDP on GPUs only; `make gpu-check` runs
-this after the benchmarks): the blocks sharded, everything SPLIT uses outside the forward whole.
+this beside the other CUDA tests, before the benchmarks): the blocks sharded, everything SPLIT uses
+outside the forward whole.
 
 One GPU is FSDP's NO_SHARD in effect, so what this shows is the wiring (wrapping, the backward
 finished inside ``training_step``, mixed precision, checkpoints that reload); the reduce-scatter
