@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/splitlab demo --out runs/demo
 
+# Two workers (pytest-xdist, whole files each, the long twins first: tests/conftest.py), one thread
+# each: the tiny models are mostly Python, so two processes use both cores where one did not.
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" --durations=15  # the slowest tests, to keep the suite under 15 min
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" -n 2 --dist loadfile --no-loadscope-reorder \
+		--durations=15  # the slowest tests, to keep the suite under 15 min
 
 # On a machine with a GPU: CUDA tests and the paper's benchmarks (<= 8 min), results in $${OUT:-runs/gpu-check}.
 gpu-check: $(STAMP)

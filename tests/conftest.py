@@ -4,6 +4,8 @@ Helpers that tests import live in `tests.helpers`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -36,3 +38,47 @@ def shapes_root(tmp_path_factory: pytest.TempPathFactory):
     from splitlab.data import generate_shapes
 
     return generate_shapes(tmp_path_factory.mktemp("shapes"), train=6, val=3, test=3, seed=1)
+
+
+# The end-to-end twins (a dense stage, then SPLIT training: minutes each) run first, so that under
+# `make test`'s two workers (pytest-xdist, whole files per worker) they start at once on different
+# workers and the many short tests fill in around them, instead of queueing last on one worker.
+LONG_FIRST = (
+    "tests/pipelines/test_dense_pipelines.py",
+    "tests/pipelines/test_vqa_pipeline.py",
+    "tests/pipelines/test_regression.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, f in enumerate(LONG_FIRST) if item.nodeid.startswith(f)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: the order within each file is kept
+
+
+@pytest.fixture
+def measured(record_property) -> Callable[[str], None]:
+    """``measured(text)``: a number a regression test measured, printed in the run's summary (the
+    "measured" section at the end: the CI log), also from pytest-xdist's workers, whose output
+    pytest does not show."""
+
+    def report(text: str) -> None:
+        record_property("measured", text)
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    lines = [
+        f"{report.nodeid.split('::')[-1]}: {value}"
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for key, value in getattr(report, "user_properties", ())
+        if key == "measured"
+    ]
+    if lines:
+        terminalreporter.section("measured")
+        for line in lines:
+            terminalreporter.write_line(line)

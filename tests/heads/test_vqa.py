@@ -159,25 +159,32 @@ def test_prompt_and_vocabulary_refusals(bridge, tmp_path) -> None:
         build_tokenizer(str(tmp_path / "missing.json"))
 
 
-def test_a_llava_checkpoint_gives_its_language_model_and_projector(tmp_path) -> None:
-    """The paper-scale path (``lm: llava-hf/llava-1.5-7b-hf``) on a tiny LLaVA saved in the Hugging Face
-    format: the causal LM computes LLaVA's own logits, the projector weights are LLaVA's."""
+def tiny_llava(folder, vision_width: int = 32, vocab_size: int = 100):
+    """A tiny LLaVA (CLIP tower of ``vision_width``, the 2-layer Llama of `LM`) saved in the Hugging Face
+    format at ``folder``, as ``llava-hf/llava-1.5-7b-hf`` is."""
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     vision = CLIPVisionConfig(
-        hidden_size=32,
+        hidden_size=vision_width,
         intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=2,
         image_size=28,
         patch_size=14,
     )
-    text = LlamaConfig(**{**LM, "vocab_size": 100, "max_position_embeddings": 64})
-    torch.manual_seed(0)
+    text = LlamaConfig(**{**LM, "vocab_size": vocab_size, "max_position_embeddings": 64})
     llava = LlavaForConditionalGeneration(
-        LlavaConfig(vision_config=vision, text_config=text, image_token_index=99)
+        LlavaConfig(vision_config=vision, text_config=text, image_token_index=vocab_size - 1)
     )
-    llava.eval().save_pretrained(tmp_path / "llava")
+    llava.eval().save_pretrained(folder)
+    return llava
+
+
+def test_a_llava_checkpoint_gives_its_language_model_and_projector(tmp_path) -> None:
+    """The paper-scale path (``lm: llava-hf/llava-1.5-7b-hf``) on a tiny LLaVA saved in the Hugging Face
+    format: the causal LM computes LLaVA's own logits, the projector weights are LLaVA's."""
+    torch.manual_seed(0)
+    llava = tiny_llava(tmp_path / "llava")
     language, projector = build_language_model(str(tmp_path / "llava"))
     ids = torch.randint(0, 99, (2, 7))
     with torch.no_grad():

@@ -69,16 +69,15 @@ def test_curve_of_a_dense_run(runs, task, tmp_path) -> None:
     one_point_curve(out, tmp_path / "curve", record, tolerance=1e-6)
 
 
-def test_segmentation_regression(runs, capsys) -> None:
+def test_segmentation_regression(runs, measured) -> None:
     _, record = runs["ade20k"]
     learned, random, entropy = (_row(record, p) for p in ("learned", "random", "entropy"))
-    with capsys.disabled():
-        print(
-            f"\nade20k CI: learned mIoU {learned['miou']:.3f} at fraction {learned['token_fraction_mean']:.3f}, "
-            f"object fine coverage {learned['object_fine_coverage']:.3f} (boundary {learned['boundary_fine_coverage']:.3f}); "
-            f"entropy coverage {entropy['object_fine_coverage']:.3f} at {entropy['token_fraction_mean']:.3f}; "
-            f"random mIoU {random['miou']:.3f} at {random['token_fraction_mean']:.3f}"
-        )
+    measured(  # the numbers belong in the CI log
+        f"ade20k CI: learned mIoU {learned['miou']:.3f} at fraction {learned['token_fraction_mean']:.3f}, "
+        f"object fine coverage {learned['object_fine_coverage']:.3f} (boundary {learned['boundary_fine_coverage']:.3f}); "
+        f"entropy coverage {entropy['object_fine_coverage']:.3f} at {entropy['token_fraction_mean']:.3f}; "
+        f"random mIoU {random['miou']:.3f} at {random['token_fraction_mean']:.3f}"
+    )
     assert learned["object_fine_coverage"] >= entropy["object_fine_coverage"] + 0.10
     assert learned["miou"] >= random["miou"]
 
@@ -86,11 +85,10 @@ def test_segmentation_regression(runs, capsys) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["ade20k", "coco"])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_dense_twins_meet_the_budget_across_seeds(tmp_path, task, seed, capsys) -> None:
+def test_dense_twins_meet_the_budget_across_seeds(tmp_path, task, seed, measured) -> None:
     record = run_pipeline(tmp_path / task, seed=seed, quiet=True, task=task)
     learned = _row(record, "learned")
-    with capsys.disabled():
-        print(
-            f"\n{task} seed {seed}: learned {learned['metric']:.3f} at fraction {learned['token_fraction_mean']:.3f}"
-        )
+    measured(  # the numbers belong in the CI log
+        f"{task} seed {seed}: learned {learned['metric']:.3f} at fraction {learned['token_fraction_mean']:.3f}"
+    )
     assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03

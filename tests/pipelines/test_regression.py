@@ -21,18 +21,17 @@ from splitlab.commands.demo import ci_recipe, run_pipeline
 BUDGETS = {"": 0.5, "@0.3": 0.3, "@0.7": 0.7}  # the twin deploys 0.5 and is evaluated at 0.3 and 0.7
 
 
-def check(record: dict, seed: int, capsys: pytest.CaptureFixture, near_uniform: bool = True) -> None:
+def check(record: dict, seed: int, measured, near_uniform: bool = True) -> None:
     p = record["policies"]
     uniform = p["uniform"]["metric"]
     for suffix, target in BUDGETS.items():
         learned, random, entropy = (p[k + suffix]["metric"] for k in ("learned", "random", "entropy"))
         fraction = p["learned" + suffix]["token_fraction_mean"]
-        with capsys.disabled():  # the numbers belong in the CI log
-            print(
-                f"\nseed {seed}, budget {target}: learned top-1 {learned:.3f} at fraction {fraction:.3f}, "
-                f"random {random:.3f} @ {p['random' + suffix]['token_fraction_mean']:.3f}, "
-                f"entropy {entropy:.3f}, uniform {uniform:.3f}, lambda {record['lambda']:.3f}"
-            )
+        measured(  # the numbers belong in the CI log
+            f"seed {seed}, budget {target}: learned top-1 {learned:.3f} at fraction {fraction:.3f}, "
+            f"random {random:.3f} @ {p['random' + suffix]['token_fraction_mean']:.3f}, "
+            f"entropy {entropy:.3f}, uniform {uniform:.3f}, lambda {record['lambda']:.3f}"
+        )
         assert abs(fraction - target) <= 0.03, f"realised fraction {fraction:.3f} is off the budget {target}"
         assert learned >= random + 0.05, (
             f"budget {target}: learned {learned:.3f} is not 5 points above random {random:.3f}"
@@ -54,35 +53,36 @@ def busy(tmp_path_factory) -> tuple:
     return run, run_pipeline(run, seed=0, quiet=True)
 
 
-def apt_trained(run, capsys, background: str) -> tuple[float, float]:
+def apt_trained(run, measured, background: str) -> tuple[float, float]:
     """APT fine-tuned on its own entropy layouts from the same data and dense backbone as ``run``."""
     apt = run_pipeline(run.parent / "apt", seed=0, quiet=True, policy="entropy", reuse=run)
     learned = json.loads((run / "summary.json").read_text())["policies"]["learned"]
     mine = apt["policies"]["entropy"]
-    with capsys.disabled():
-        print(
-            f"\n{background} background: learned top-1 {learned['metric']:.3f} at {learned['token_fraction_mean']:.3f}, "
-            f"APT-trained {mine['metric']:.3f} at {mine['token_fraction_mean']:.3f}"
-        )
+    measured(  # the numbers belong in the CI log
+        f"{background} background: learned top-1 {learned['metric']:.3f} at {learned['token_fraction_mean']:.3f}, "
+        f"APT-trained {mine['metric']:.3f} at {mine['token_fraction_mean']:.3f}"
+    )
     assert apt["trained_policy"] == "entropy" and abs(mine["token_fraction_mean"] - 0.5) <= 0.05
     return learned["metric"], mine["metric"]
 
 
-def test_learned_policy_beats_apt_trained_on_the_default_data(busy, capsys) -> None:
-    learned, apt = apt_trained(busy[0], capsys, "busy")
+def test_learned_policy_beats_apt_trained_on_the_default_data(busy, measured) -> None:
+    learned, apt = apt_trained(busy[0], measured, "busy")
     assert learned >= apt + 0.05
 
 
-def test_learned_policy_matches_apt_trained_where_entropy_is_the_right_cue(tmp_path_factory, capsys) -> None:
+def test_learned_policy_matches_apt_trained_where_entropy_is_the_right_cue(
+    tmp_path_factory, measured
+) -> None:
     run = tmp_path_factory.mktemp("flat") / "run"
     run_pipeline(run, seed=0, quiet=True, background="flat")
-    learned, apt = apt_trained(run, capsys, "flat")
+    learned, apt = apt_trained(run, measured, "flat")
     assert learned >= apt - 0.02
 
 
-def test_learned_policy_meets_every_budget_and_beats_the_baselines(busy, tmp_path, capsys) -> None:
+def test_learned_policy_meets_every_budget_and_beats_the_baselines(busy, tmp_path, measured) -> None:
     run, record = busy
-    check(record, 0, capsys)
+    check(record, 0, measured)
     # a hard cap at the mean budget bounds every image and costs at most 0.01 top-1
     capped = tmp_path / "capped"
     args = [
@@ -111,9 +111,9 @@ SHORT_OF_UNIFORM = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_regression_across_seeds(tmp_path, seed, capsys) -> None:
+def test_regression_across_seeds(tmp_path, seed, measured) -> None:
     record = run_pipeline(tmp_path / f"seed{seed}", seed=seed, quiet=True)
-    check(record, seed, capsys, near_uniform=seed not in SHORT_OF_UNIFORM)
+    check(record, seed, measured, near_uniform=seed not in SHORT_OF_UNIFORM)
     if seed in SHORT_OF_UNIFORM:
         p = record["policies"]
         if p["learned"]["metric"] < p["uniform"]["metric"] - 0.05:

@@ -29,17 +29,16 @@ def vqa_run(tmp_path_factory) -> tuple:
     return out, run_pipeline(out, seed=0, quiet=True, task="vqa")
 
 
-def test_the_vqa_twin_meets_its_budget_and_reports_every_accuracy(vqa_run, capsys) -> None:
+def test_the_vqa_twin_meets_its_budget_and_reports_every_accuracy(vqa_run, measured) -> None:
     _, record = vqa_run
     rows = record["policies"]
-    with capsys.disabled():
-        print(
-            "\nvqa CI: "
-            + ", ".join(
-                f"{k} {v['metric']:.3f} (pattern {v['vqa_q_what_pattern']:.3f}) @ {v['token_fraction_mean']:.3f}"
-                for k, v in rows.items()
-            )
+    measured(  # the numbers belong in the CI log
+        "vqa CI: "
+        + ", ".join(
+            f"{k} {v['metric']:.3f} (pattern {v['vqa_q_what_pattern']:.3f}) @ {v['token_fraction_mean']:.3f}"
+            for k, v in rows.items()
         )
+    )
     assert record["task"] == "vqa" and record["metric"] == "vqa_accuracy"
     assert set(rows) == {"learned", "uniform", "random", "entropy"}
     assert abs(rows["learned"]["token_fraction_mean"] - record["target_fraction"]) <= 0.03
@@ -136,16 +135,15 @@ def test_predict_on_two_ranks_writes_one_results_file(vqa_run, tmp_path) -> None
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
-def test_the_vqa_twin_meets_its_budget_across_seeds(tmp_path, seed, capsys) -> None:
+def test_the_vqa_twin_meets_its_budget_across_seeds(tmp_path, seed, measured) -> None:
     """The budget within ±0.03 on every seed (docs/budgets.md), and the fine-detail ordering with it."""
     record = run_pipeline(tmp_path / "run", seed=seed, quiet=True, task="vqa")
     rows = record["policies"]
     learned, random = rows["learned"], rows["random"]
-    with capsys.disabled():
-        print(
-            f"\nvqa seed {seed}: learned {learned['metric']:.3f} (pattern {learned['vqa_q_what_pattern']:.3f}) "
-            f"at {learned['token_fraction_mean']:.3f}; random {random['metric']:.3f} "
-            f"(pattern {random['vqa_q_what_pattern']:.3f})"
-        )
+    measured(  # the numbers belong in the CI log
+        f"vqa seed {seed}: learned {learned['metric']:.3f} (pattern {learned['vqa_q_what_pattern']:.3f}) "
+        f"at {learned['token_fraction_mean']:.3f}; random {random['metric']:.3f} "
+        f"(pattern {random['vqa_q_what_pattern']:.3f})"
+    )
     assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
     assert learned["vqa_q_what_pattern"] >= random["vqa_q_what_pattern"] + 0.10

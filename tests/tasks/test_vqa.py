@@ -10,7 +10,7 @@ import torch
 
 from splitlab.heads.vqa import lora_adapters
 from splitlab.tasks import VQATask
-from tests.heads.test_vqa import LM, WORDS
+from tests.heads.test_vqa import LM, WORDS, tiny_llava
 from tests.tasks.test_per_image_loss import TINY
 
 
@@ -130,20 +130,7 @@ def test_a_llava_whose_projector_reads_another_width_is_refused(tmp_path) -> Non
     """LLaVA's projector was trained on its own vision tower's width: under a ViT of another width the
     task refuses to build, naming the LM and both widths (the LM side always matches: the projector
     writes the LM's width)."""
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
-
-    vision = CLIPVisionConfig(
-        hidden_size=48,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=28,
-        patch_size=14,
-    )
-    text = LlamaConfig(**{**LM, "vocab_size": len(WORDS), "max_position_embeddings": 64})
-    LlavaForConditionalGeneration(LlavaConfig(vision_config=vision, text_config=text)).save_pretrained(
-        tmp_path / "llava"
-    )
+    tiny_llava(tmp_path / "llava", vision_width=48, vocab_size=len(WORDS))
     with pytest.raises(
         ValueError,
         match=r"lm='.*llava': its projector reads 48-wide features, the backbone 'vit_tiny_patch16_224' gives 32",
