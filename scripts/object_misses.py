@@ -6,7 +6,8 @@
 RUN_DIR is what `splitlab demo` (or a fit) leaves: ``config.yaml``, ``checkpoints/last.ckpt`` and the
 data root its config names. For each image: are all the coarsest patches the object touches split?
 Top-1 is reported for both groups, and the misses are divided into objects inside one coarse patch and
-objects straddling several (with the share of the object in the patch left whole). Uncapped layouts.
+objects straddling several (with the share of the object in the patch left whole). The layouts are the
+deployed ones (`splitlab.load`: budget and cap as the run deploys them).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import yaml
 from PIL import Image
 
-from splitlab.tasks import ClassificationTask
+import splitlab
 
 
 def touched(box: list[int], size: int) -> list[tuple[int, int]]:
@@ -54,13 +55,9 @@ def main() -> None:
     root = Path(data["root"])
     boxes = json.loads((root / "objects.json").read_text())[args.split]
     classes = sorted(d.name for d in (root / "train").iterdir() if d.is_dir())  # ImageFolder's order
-    task = ClassificationTask.load_from_checkpoint(
-        args.run / "checkpoints" / "last.ckpt", map_location="cpu"
-    ).eval()
-    budget = task.target_fraction if args.budget is None else args.budget
-    coarse = task.levels.sizes[0]
-    mean = torch.tensor(data["mean"]).view(1, 3, 1, 1)
-    std = torch.tensor(data["std"]).view(1, 3, 1, 1)
+    model = splitlab.load(args.run)
+    budget = model.budget if args.budget is None else args.budget
+    coarse = model.levels.sizes[0]
     names = list(boxes)
     correct, fractions = [], []
     patches = {n: touched(boxes[n], coarse) for n in names}  # the coarse patches each object touches
@@ -68,12 +65,10 @@ def main() -> None:
     with torch.no_grad():
         for start in range(0, len(names), args.batch_size):
             chunk = names[start : start + args.batch_size]
-            pixels = np.stack([np.asarray(Image.open(root / n).convert("RGB")) for n in chunk])
-            images = (torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 255 - mean) / std
-            tokens, _ = task.tokenizer.embed(images, task.backbone)
-            decisions, logits = task.tokenizer.decide(tokens, "threshold", budget=budget)
-            layout = task.tokenizer.tokenize(tokens, "labels", labels=decisions, logits=logits)
-            predicted = task.forward_layout(layout).argmax(-1)
+            images = torch.stack([model.preprocessing(Image.open(root / n))[0] for n in chunk])
+            outputs, layout = model(images, budget=budget)
+            predicted = outputs.argmax(-1)
+            decisions = layout.decisions  # where a decision was taken: every coarsest patch
             labels = torch.tensor([classes.index(Path(n).parent.name) for n in chunk])
             correct += (predicted == labels).tolist()
             fractions += layout.fraction.tolist()

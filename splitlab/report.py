@@ -279,6 +279,19 @@ def format_bench(r: dict[str, Any]) -> str:
             "n/a on CPU" if r.get("host_syncs_per_batch") is None else str(r["host_syncs_per_batch"]),
         ),
     ]
+    if "predict" in r:
+        e = r["predict"]
+        rows += [
+            (
+                "predict end to end img/s",
+                f"uniform {e['images_per_second_uniform']:.2f} / SPLIT {e['images_per_second_split']:.2f} "
+                f"({e['images']} files at fraction {e['token_fraction']:.3f}, {e['workers']} decoding worker(s))",
+            ),
+            (
+                "predict speed-up",
+                f"{e['speedup']:.3f}x  ({e['share_of_backbone_speedup']:.1%} of the backbone speed-up)",
+            ),
+        ]
     if "vqa" in r:
         v = r["vqa"]
         rows += [

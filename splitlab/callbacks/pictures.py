@@ -18,6 +18,30 @@ from splitlab.tokenizer import TokenLayout
 LEVEL_COLOURS = ((255, 64, 64), (255, 200, 0), (64, 220, 64), (64, 160, 255))
 
 
+def draw_tile(
+    image: Tensor,
+    tokens: Sequence[Sequence[int]],
+    mean: Sequence[float],
+    std: Sequence[float],
+    num_levels: int,
+    scale: int = 1,
+) -> Image.Image:
+    """One normalised ``(3, H, W)`` image, dimmed, with each token ``[x0, y0, x1, y1, level]`` (pixels)
+    outlined (colour by level: coarse red -> fine blue)."""
+    x = image.detach().float().cpu()
+    x = x * torch.tensor(std).view(-1, 1, 1) + torch.tensor(mean).view(-1, 1, 1)
+    x = 0.25 + 0.5 * x.clamp(0, 1)  # dimmed, so the boxes stand out on busy images
+    x = (x * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    h, w = x.shape[0] * scale, x.shape[1] * scale
+    tile = Image.fromarray(np.ascontiguousarray(x)).resize((w, h), Image.NEAREST)
+    draw = ImageDraw.Draw(tile)
+    for x0, y0, x1, y1, level in tokens:
+        colour = LEVEL_COLOURS[level % len(LEVEL_COLOURS)]
+        width = 2 if scale > 1 and level < num_levels - 1 else 1
+        draw.rectangle([x0 * scale, y0 * scale, x1 * scale - 1, y1 * scale - 1], outline=colour, width=width)
+    return tile
+
+
 def draw_token_map(
     images: Tensor,
     layout: TokenLayout,
@@ -26,26 +50,15 @@ def draw_token_map(
     count: int = 8,
     scale: int = 1,
 ) -> Image.Image:
-    """A row of images with each token's box outlined (colour by level: coarse red -> fine blue)."""
+    """A row of images with each token's box outlined (`draw_tile`)."""
     count = min(count, images.shape[0])
-    x = images[:count].detach().float().cpu()
-    x = x * torch.tensor(std).view(1, -1, 1, 1) + torch.tensor(mean).view(1, -1, 1, 1)
-    x = 0.25 + 0.5 * x.clamp(0, 1)  # dimmed, so the boxes stand out on busy images
-    x = (x * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
-    h, w = x.shape[1] * scale, x.shape[2] * scale
+    h, w = images.shape[-2] * scale, images.shape[-1] * scale
     sheet = Image.new("RGB", (count * (w + 4), h), (0, 0, 0))
-    finest = layout.levels.finest * scale
-    boxes, levels = layout.split(layout.boxes), layout.split(layout.level)
+    finest = layout.levels.finest
+    boxes, levels = layout.split(layout.boxes * finest), layout.split(layout.level)
     for i in range(count):
-        tile = Image.fromarray(np.ascontiguousarray(x[i])).resize((w, h), Image.NEAREST)
-        draw = ImageDraw.Draw(tile)
-        for (x0, y0, x1, y1), level in zip(boxes[i].tolist(), levels[i].tolist(), strict=True):
-            colour = LEVEL_COLOURS[level % len(LEVEL_COLOURS)]
-            width = 2 if scale > 1 and level < layout.levels.num - 1 else 1
-            draw.rectangle(
-                [x0 * finest, y0 * finest, x1 * finest - 1, y1 * finest - 1], outline=colour, width=width
-            )
-        sheet.paste(tile, (i * (w + 4), 0))
+        tokens = [[*b, lv] for b, lv in zip(boxes[i].tolist(), levels[i].tolist(), strict=True)]
+        sheet.paste(draw_tile(images[i], tokens, mean, std, layout.levels.num, scale), (i * (w + 4), 0))
     return sheet
 
 
@@ -114,7 +127,7 @@ class TokenMapPictures(Callback):
         budgets = torch.tensor([lo, pl_module.target_fraction, hi], device=image.device)
         images = image.expand(3, -1, -1, -1)
         with torch.no_grad():
-            layout = pl_module.tokenizer(images, pl_module.backbone, "threshold", budget=budgets)
+            layout = pl_module.model.layout(images, budget=budgets, policy="learned")  # as deployed
         picture = draw_token_map(images, layout, mean, std, 3, max(self.scale, 2))
         draw = ImageDraw.Draw(picture)
         tile = picture.width // 3

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 class LayoutWriter(BasePredictionWriter):
     """Append every image's layout and prediction to ``<output_dir>/layouts.jsonl`` (rank-suffixed under
-    DDP), each with the index of its image in the dataset.
+    DDP), each with its source: the image's index in the dataset and its file.
 
     Args:
         output_dir: where to write; the run's log dir by default.
@@ -41,9 +41,8 @@ class LayoutWriter(BasePredictionWriter):
         dataloader_idx: int,
     ) -> None:
         assert self.path is not None
-        indices = list(batch_indices) if batch_indices is not None else [None] * len(prediction)
         with self.path.open("a") as f:
-            for record, index in zip(prediction, indices, strict=True):
-                # under DDP a rank's batches are every n-th sample: the dataset index says which image
-                record = record if index is None else {"dataset_index": int(index), **record}
+            # each record names its sample (the task reads the source from the batch): under DDP a
+            # rank's batches are every n-th sample, and a skipped file has no record
+            for record in prediction:
                 f.write(json.dumps(record) + "\n")

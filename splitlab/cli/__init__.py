@@ -142,6 +142,34 @@ class SplitLabCLI(LightningCLI):
         self.config[subcommand]["ckpt_path"] = str(newest)
         return str(newest)
 
+    def before_instantiate_classes(self) -> None:
+        if self.subcommand == "predict":
+            self._predict_into_own_folder()
+
+    def _predict_into_own_folder(self) -> None:
+        """``predict`` writes (``config.yaml``, ``layouts.jsonl``, results) into a folder of its own.
+
+        The recipes' loggers name a fixed run folder, the fit's: predicting there replaced the fit's
+        ``config.yaml`` and had Lightning's CSV writer delete its ``metrics.csv``. When the logger's
+        folder exists, predict writes to ``<it>/predict/`` instead (``predict-1/``, ... when that
+        exists too), so nothing of an earlier run is touched.
+        """
+        named = getattr(self.config["predict"]["trainer"].get("logger"), "init_args", None)
+        if named is None or named.get("save_dir") is None or named.get("version") is None:
+            return  # Lightning's own choice: a new version_N every run
+        version = named.version if isinstance(named.version, str) else f"version_{named.version}"
+        run = Path(named.save_dir) / (named.get("name") or "") / version
+        if not run.exists():
+            return
+        count = 0
+        while (run / ("predict" if count == 0 else f"predict-{count}")).exists():
+            count += 1
+        folder = "predict" if count == 0 else f"predict-{count}"
+        named.version = str(Path(version) / folder) if version else folder
+        rank_zero_info(
+            f"splitlab: predict writes into {run / folder} (the run folder {run} is left as it is)"
+        )
+
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         given = kwargs.get("callbacks", self._get(self.config_init, "trainer", default={}).get("callbacks"))
         given = list(given) if isinstance(given, list | tuple) else ([given] if given else [])

@@ -1,7 +1,10 @@
 """``splitlab``: the LightningCLI subcommands (fit, validate, test, predict) plus splitlab's own tools.
 
-``splitlab data | demo | bench | curve | compare`` are argparse commands in this room; everything else goes to
-`splitlab.cli` (the same LightningCLI as the ``lightning`` command). Nothing imports back here.
+``splitlab data | demo | bench | curve | compare | predict | export`` are argparse commands in this
+room; everything else goes to `splitlab.cli` (the same LightningCLI as the ``lightning`` command).
+``splitlab predict MODEL INPUT...`` runs a trained model on files; given a recipe (``--config``,
+``--ckpt_path``, ``--model.*`` ...) it is LightningCLI's ``predict``, as ``lightning predict`` is.
+Nothing imports back here.
 """
 
 from __future__ import annotations
@@ -12,9 +15,18 @@ from collections.abc import Sequence
 
 from splitlab.cli import main as lightning_main
 from splitlab.cli import reporting_errors
-from splitlab.commands import bench, compare, curve, data, demo
+from splitlab.commands import bench, compare, curve, data, demo, export, predict
 
-TOOLS = {"data": data, "demo": demo, "bench": bench, "curve": curve, "compare": compare}
+TOOLS = {
+    "data": data,
+    "demo": demo,
+    "bench": bench,
+    "curve": curve,
+    "compare": compare,
+    "predict": predict,
+    "export": export,
+}
+LIGHTNING_ARGUMENTS = ("-c", "--config", "--ckpt_path", "--trainer", "--model", "--data", "--seed_everything")
 OVERRIDABLE = {"curve"}  # tools that pass further --data.* / --model.* / --trainer.* arguments on
 
 
@@ -34,9 +46,14 @@ def run(argv: Sequence[str]) -> int:
     return TOOLS[args.command].main(args)
 
 
+def lightning_predict(argv: Sequence[str]) -> bool:
+    """Whether ``splitlab predict ...`` names a recipe: LightningCLI's predict, not the files tool."""
+    return any(a.split("=")[0].split(".")[0] in LIGHTNING_ARGUMENTS for a in argv[1:])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """``splitlab {fit,validate,test,predict,data,demo,bench,curve,compare} ...``."""
+    """``splitlab {fit,validate,test,predict,data,demo,bench,curve,compare,export} ...``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in TOOLS:
+    if argv and argv[0] in TOOLS and not (argv[0] == "predict" and lightning_predict(argv)):
         sys.exit(reporting_errors(lambda: run(argv)))
     lightning_main(argv)

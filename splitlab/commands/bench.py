@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -22,10 +23,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from splitlab.backbone import PackedViT, backbone_flops
+from splitlab.backbone import backbone_flops
 from splitlab.commands.arguments import count, device_name, fraction, output_file, positive_int
+from splitlab.model import Preprocessing, SplitClassifier, SplitModel, load
+from splitlab.model.predict import image_files
 from splitlab.report import format_bench
-from splitlab.tokenizer import Levels, SplitTokenizer, build_layout, calibrate_threshold
+from splitlab.tokenizer import build_layout, calibrate_threshold
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,6 +53,8 @@ class BenchConfig:
     seed: int = 0
     lm: str | None = None
     patch_size: int | None = None
+    predict: bool = False
+    workers: int = 1
 
 
 def _device(name: str) -> torch.device:
@@ -64,83 +69,59 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _load_images(path: str, count: int, size: int, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+def _load_images(path: str, count: int, preprocessing: Preprocessing, size: int) -> Tensor:
+    """``count`` images of the folder (repeated if it has fewer), as the model preprocesses them."""
     from PIL import Image
-    from timm.data import create_transform
 
-    files = sorted(p for p in Path(path).rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"))
+    files = image_files([path])
     if not files:
-        raise FileNotFoundError(f"--images {path}: no .png/.jpg/.jpeg/.webp files")
-    transform = create_transform(input_size=(3, size, size), crop_pct=1.0, mean=mean, std=std)
-    batch = [transform(Image.open(files[i % len(files)]).convert("RGB")) for i in range(count)]
+        raise FileNotFoundError(f"--images {path}: no image files")
+    if preprocessing.size != size:  # --img-size asks for another input size than the model's data
+        preprocessing = dataclasses.replace(preprocessing, size=size)
+    batch = [preprocessing(Image.open(files[i % len(files)]))[0] for i in range(count)]
     return torch.stack(batch)
 
 
-@dataclass
-class SplitPath:
-    """The deployed SPLIT path: the tokenizer at its budget (and hard cap), the packed backbone, the head."""
-
-    tokenizer: SplitTokenizer
-    backbone: PackedViT
-    budget: float | None = None
-    max_tokens: int | None = None
-    normalisation: tuple[Any, Any] | None = None  # a checkpoint's data mean / std (else the backbone's)
-
-    def layout(self, images: Tensor) -> Any:
-        return self.tokenizer(
-            images, self.backbone, "threshold", budget=self.budget, max_tokens=self.max_tokens
-        )
-
-    def __call__(self, images: Tensor) -> Tensor:
-        return self.backbone.forward_head(self.backbone(self.layout(images)))
+def split_forward(model: SplitModel, images: Tensor) -> Tensor:
+    """The SPLIT side of the comparison: the deployed layout (tokenizer at the model's budget and
+    cap), the packed backbone and timm's head: what timm's own forward computes on the uniform grid."""
+    backbone = model.backbone
+    return backbone.forward_head(backbone(model.layout(images)))
 
 
-def build(cfg: BenchConfig, device: torch.device) -> SplitPath:
-    """The SPLIT path: from a SPLIT checkpoint (its budget and cap), or fresh (random init) around a timm model."""
+def build(cfg: BenchConfig, device: torch.device) -> SplitModel:
+    """The model: a trained one (its budget, cap and preprocessing), or fresh (random init) around a
+    timm model."""
     if cfg.ckpt:
-        from splitlab.tasks import load_task, read_checkpoint
-
-        task = load_task(cfg.ckpt, map_location="cpu", setting="--ckpt")
-        if task.deployed_policy != "learned":  # bench times the decision module; this run does not deploy it
+        model = load(cfg.ckpt, setting="--ckpt")
+        if model.policy != "learned":  # bench times the decision module; this run does not deploy it
             raise ValueError(
-                f"--ckpt {cfg.ckpt}: this run deploys policy {task.deployed_policy!r}, not a learned one, so "
+                f"--ckpt {cfg.ckpt}: this run deploys policy {model.policy!r}, not a learned one, so "
                 "its decision module was never trained; bench the same model at the same budget with "
-                f"--fraction {task.target_fraction:g} (a calibrated layout) instead"
+                f"--fraction {model.budget:g} (a calibrated layout) instead"
             )
-        task.backbone.attn_backend = cfg.attn_backend
-        data = read_checkpoint(cfg.ckpt, "--ckpt", weights_only=False, mmap=True).get(
-            "datamodule_hyper_parameters", {}
-        )
-        normalisation = (data["mean"], data["std"]) if "mean" in data and "std" in data else None
-        path = SplitPath(task.tokenizer, task.backbone, task.target_fraction, task.max_tokens, normalisation)
+        model.backbone.attn_backend = cfg.attn_backend
     else:
         kwargs: dict[str, Any] = {"img_size": cfg.img_size} if cfg.img_size else {}
         if cfg.patch_size:  # e.g. EVA-02 converted to /16, as the dense recipes use it
             kwargs["patch_size"] = cfg.patch_size
-        backbone = PackedViT(cfg.model, attn_backend=cfg.attn_backend, **kwargs)
-        levels = (
-            Levels.build(cfg.levels, backbone.patch_size)
-            if cfg.levels
-            else Levels.default(backbone.patch_size, backbone.img_size)
-        )
-        levels.check_image(backbone.img_size)
-        path = SplitPath(SplitTokenizer(backbone.embed_dim, levels), backbone)
-    path.backbone.to(device).eval()
-    path.tokenizer.to(device).eval()
-    return path
+        config = {"backbone": cfg.model, "backbone_kwargs": kwargs, "attn_backend": cfg.attn_backend}
+        config["levels"] = list(cfg.levels) if cfg.levels else None
+        model = SplitClassifier(config)
+    return model.to(device).eval()
 
 
 @torch.inference_mode()
-def calibrate_policy(path: SplitPath, images: Tensor, fraction: float) -> float:
+def calibrate_policy(model: SplitModel, images: Tensor, fraction: float) -> float:
     """Set the policy's cut so that deployment (threshold mode) meets ``fraction`` on ``images``.
 
     The cut replaces every operating point of the loaded policy for this measurement, so the
     split path runs exactly as deployed, at a known token count. Returns the logit cut.
     """
-    tokenizer = path.tokenizer
+    tokenizer = model.tokenizer
     tokenizer.levels.check_fraction(fraction, "--fraction")
-    tokens, _ = tokenizer.embed(images, path.backbone)
-    cut = calibrate_threshold(tokenizer.decision_logits(tokens, path.budget), fraction)
+    tokens, _ = tokenizer.embed(images, model.backbone)
+    cut = calibrate_threshold(tokenizer.decision_logits(tokens, model.budget), fraction)
     for point in range(len(tokenizer.operating_points.budgets)):
         tokenizer.operating_points.set(point, cut)
     return cut
@@ -204,10 +185,11 @@ def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
 
 
 @torch.inference_mode()
-def breakdown(path: SplitPath, images: Tensor, iters: int, device: torch.device) -> dict[str, float]:
-    """Seconds per batch in embed / decide / walk / backbone (instrumented pass, syncs between parts)."""
+def breakdown(model: SplitModel, images: Tensor, iters: int, device: torch.device) -> dict[str, float]:
+    """Seconds per batch in embed / decide / walk / backbone: the deployed path's steps one by one
+    (instrumented pass, syncs between parts)."""
     parts = dict.fromkeys(("embed", "decide", "walk", "backbone"), 0.0)
-    tokenizer, backbone = path.tokenizer, path.backbone
+    tokenizer, backbone = model.tokenizer, model.backbone
     for _ in range(iters):
         _sync(device)
         t0 = time.perf_counter()
@@ -215,7 +197,7 @@ def breakdown(path: SplitPath, images: Tensor, iters: int, device: torch.device)
         _sync(device)
         t1 = time.perf_counter()
         decisions, logits = tokenizer.decide(
-            tokens, "threshold", budget=path.budget, max_tokens=path.max_tokens
+            tokens, "threshold", budget=model.budget, max_tokens=model.max_tokens
         )
         _sync(device)
         t2 = time.perf_counter()
@@ -236,19 +218,22 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         raise ValueError(f"--dtype {cfg.dtype}: expected one of {sorted(DTYPES)}")
     if cfg.ckpt is None and cfg.fraction is None:
         raise ValueError("give --ckpt (a trained SPLIT checkpoint) or --fraction (a calibrated layout)")
+    if cfg.images and not Path(cfg.images).is_dir():
+        raise FileNotFoundError(f"--images {cfg.images}: no such folder")
+    if cfg.predict and not cfg.images:
+        raise ValueError("--predict times the predict path on files: give --images FOLDER")
     if cfg.compile and cfg.warmup < 1:
         raise ValueError("--compile with --warmup 0 would time the compilation: give --warmup 1 or more")
     device = _device(cfg.device)
     torch.manual_seed(cfg.seed)
-    path = build(cfg, device)
-    backbone, tokenizer = path.backbone, path.tokenizer
+    model = build(cfg, device)
+    backbone, tokenizer = model.backbone, model.tokenizer
     size = backbone.img_size
     if cfg.img_size and cfg.ckpt and tuple(size) != (cfg.img_size, cfg.img_size):
         size = (cfg.img_size, cfg.img_size)
     tokenizer.levels.check_image(size)
-    mean, std = path.normalisation or (backbone.data_config["mean"], backbone.data_config["std"])
-    if cfg.images:  # normalised as the checkpoint's data were, so its calibrated cuts hold
-        images = _load_images(cfg.images, cfg.batch_size, size[0], mean, std).to(device)
+    if cfg.images:  # preprocessed as the model's data were, so its calibrated cuts hold
+        images = _load_images(cfg.images, cfg.batch_size, model.preprocessing, size[0]).to(device)
     else:
         images = torch.randn(cfg.batch_size, 3, *size, device=device)
     dtype = DTYPES[cfg.dtype]
@@ -256,7 +241,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     cut = None
     if cfg.fraction is not None:  # a trained policy runs as trained unless a fraction is asked for
         with autocast:
-            cut = calibrate_policy(path, images, cfg.fraction)
+            cut = calibrate_policy(model, images, cfg.fraction)
     uniform = backbone.model
     if tuple(size) != tuple(backbone.img_size):  # timm's patch embedding checks the input size
         uniform.set_input_size(img_size=size)
@@ -275,13 +260,13 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     def run_split() -> Any:
         with torch.inference_mode(), autocast:
-            return path(images)
+            return split_forward(model, images)
 
     t_uniform, t_split = _interleaved(run_uniform, run_split, cfg.warmup, cfg.iters, device)
     with autocast:
-        parts = breakdown(path, images, cfg.iters, device)
+        parts = breakdown(model, images, cfg.iters, device)
         with torch.inference_mode():
-            layout = path.layout(images)
+            layout = model.layout(images)
         backend = backbone.pack(layout)[1].backend.name  # as chosen under autocast (flash needs bf16)
     prefix = backbone.num_prefix_tokens
     finest = layout.grid_size[0] * layout.grid_size[1]
@@ -311,19 +296,59 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "policy_cut": cut,
     }
     result["speedup_over_ideal"] = result["speedup"] / result["ideal_speedup"]
+    if cfg.predict:
+        result["predict"] = bench_predict(model, uniform, cfg, device)
+        result["predict"]["share_of_backbone_speedup"] = result["predict"]["speedup"] / result["speedup"]
     if cfg.lm:
-        result["vqa"] = bench_vqa(path, images, cfg, autocast, device)
+        result["vqa"] = bench_vqa(model, images, cfg, autocast, device)
     return result
 
 
+def bench_predict(model: SplitModel, uniform: Any, cfg: BenchConfig, device: torch.device) -> dict[str, Any]:
+    """End to end on the ``--images`` files, as ``splitlab predict`` runs: decoding and preprocessing in
+    DataLoader workers, the model, results per image; the uniform side is the same loader, timm's
+    model and the same results. Whole passes, alternating, after one warm-up pass of each."""
+    from torch.utils.data import DataLoader
+
+    from splitlab.model.predict import InputImages, collate
+
+    files = image_files([cfg.images])
+    batch, workers = cfg.batch_size, cfg.workers
+
+    def run_uniform() -> None:
+        loader = DataLoader(
+            InputImages(files, model.preprocessing), batch, num_workers=workers, collate_fn=collate
+        )
+        with torch.inference_mode():
+            for _, images, placements, _ in loader:
+                model.results(uniform(images.to(device)), placements)
+
+    fractions: list[float] = []
+
+    def run_split() -> None:
+        results = model.predict(files, batch_size=batch, num_workers=workers)
+        fractions[:] = [r["token_fraction"] for r in results]
+
+    t_uniform, t_split = _interleaved(run_uniform, run_split, 1, cfg.iters, device)
+    done = len(files) * cfg.iters
+    return {
+        "images": len(files),
+        "workers": workers,
+        "images_per_second_uniform": done / t_uniform,
+        "images_per_second_split": done / t_split,
+        "speedup": t_uniform / t_split,
+        "token_fraction": sum(fractions) / len(fractions),  # over the files (the batch above: its own)
+    }
+
+
 def bench_vqa(
-    path: SplitPath, images: Tensor, cfg: BenchConfig, autocast: Any, device: torch.device
+    model: SplitModel, images: Tensor, cfg: BenchConfig, autocast: Any, device: torch.device
 ) -> dict[str, Any]:
     """ViT + projector + LM prefill, uniform against SPLIT (`splitlab.commands.bench_lm`)."""
     from splitlab.commands.bench_lm import vqa_paths
 
     with torch.inference_mode(), autocast:
-        uniform, split, described = vqa_paths(path, images, cfg.lm)
+        uniform, split, described = vqa_paths(model, images, cfg.lm)
         t_uniform, t_split = _interleaved(uniform, split, cfg.warmup, cfg.iters, device)
     images_done = cfg.batch_size * cfg.iters
     return {
@@ -351,6 +376,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--fraction", type=fraction, default=None, help="token fraction of a calibrated layout (default 0.7)"
     )
     p.add_argument("--images", default=None, help="a folder of images to use instead of random noise")
+    p.add_argument(
+        "--predict",
+        action="store_true",
+        help="also time the end-to-end predict path (decode, preprocess, model, results) on the --images "
+        "files against the same loader with timm's model (classification models)",
+    )
+    p.add_argument("--workers", type=count, default=1, help="--predict: decoding workers")
     p.add_argument("--warmup", type=count, default=2)
     p.add_argument("--iters", type=positive_int, default=5)
     p.add_argument("--attn-backend", default="auto")

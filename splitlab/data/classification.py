@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
 from splitlab.data.common import SkipCorrupt, SplitDataModule, check_source, require_dir
+from splitlab.model.preprocess import Preprocessing
 
 
 class ImageClassificationData(SplitDataModule):
@@ -29,6 +30,8 @@ class ImageClassificationData(SplitDataModule):
         hf_config: dataset configuration name.
         image_column, label_column: HF columns.
         train_split, val_split, test_split: split (folder) names; test falls back to val.
+        predict_split: the split ``predict`` reads (default: ``test_split`` where the data has it,
+            else ``val_split``); one the data does not have is refused.
         img_size: square input size (the backbone's).
         mean, std, interpolation, crop_pct: preprocessing (the backbone's pretrained config).
         augment: training augmentation on.
@@ -49,6 +52,7 @@ class ImageClassificationData(SplitDataModule):
         train_split: str = "train",
         val_split: str = "val",
         test_split: str = "test",
+        predict_split: str | None = None,
         img_size: int = 224,
         mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
         std: Sequence[float] = IMAGENET_DEFAULT_STD,
@@ -74,8 +78,28 @@ class ImageClassificationData(SplitDataModule):
         self.datasets: dict[str, Dataset] = {}
         self.classes: list[str] = []
 
+    @property
+    def preprocessing(self) -> Preprocessing:
+        """The model's input: timm's evaluation transform (resize, centre crop, normalise)."""
+        hp = self.hparams
+        return Preprocessing(
+            hp.img_size,
+            self.mean,
+            self.std,
+            resize="crop",
+            interpolation=hp.interpolation,
+            crop_pct=hp.crop_pct,
+        )
+
+    @property
+    def names(self) -> list[str]:
+        """The class names, in label order."""
+        return list(self.classes)
+
     def transform(self, training: bool) -> Any:
         hp = self.hparams
+        if not training:
+            return self.preprocessing.image_transform
         return create_transform(
             input_size=(3, hp.img_size, hp.img_size),
             is_training=training,
@@ -135,10 +159,23 @@ class ImageClassificationData(SplitDataModule):
             if val is None:
                 raise self.missing_split("val_split", hp.val_split)
             self.datasets["val"] = val
-        if stage in ("test", "predict") and "test" not in self.datasets:
-            if stage == "test":
-                self._check_labelled(hp.test_split)
+        if stage == "test" and "test" not in self.datasets:
+            self._check_labelled(hp.test_split)
             self.datasets["test"] = self._split(hp.test_split, training=False) or self.datasets["val"]
+        if stage == "predict" and "predict" not in self.datasets:
+            self.use_for_predict(*self._predict_split())
+
+    def _predict_split(self) -> tuple[Dataset, str]:
+        """The split predict reads: ``predict_split`` (refused if missing), else the test split where
+        there is one, else the validation split."""
+        hp = self.hparams
+        if hp.predict_split is not None:
+            dataset = self._split(hp.predict_split, training=False)
+            if dataset is None:
+                raise self.missing_split("predict_split", hp.predict_split)
+            return dataset, hp.predict_split
+        dataset = self._split(hp.test_split, training=False)
+        return (dataset, hp.test_split) if dataset is not None else (self.datasets["val"], hp.val_split)
 
     def _check_labelled(self, name: str) -> None:
         """Refuse to test on a split without labels (ImageNet-1k's ``test``: every label -1) before

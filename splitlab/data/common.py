@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 from lightning import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
-from torchvision import tv_tensors
-from torchvision.transforms import v2
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 
 class SeededIndex(int):
@@ -141,13 +140,7 @@ class SkipCorrupt(Dataset):
                         return self.dataset[i]
                 return self.dataset[i]
             except UNUSABLE as err:
-                if self.strict:
-                    raise BadSample(f"{self.describe(i)}: {err} (data.init_args.strict=true)") from None
-                with self.count.get_lock():
-                    self.count.value += 1
-                if i not in self.skipped:
-                    self.skipped.add(i)
-                    warnings.warn(f"skipping {self.describe(i)}: {err}", stacklevel=2)
+                self.skip(i, err)
         raise RuntimeError(f"{self.max_skips + 1} consecutive unusable samples from {self.describe(index)}")
 
     def __getstate__(self) -> dict[str, Any]:
@@ -165,6 +158,25 @@ class SkipCorrupt(Dataset):
         if self.count is None:
             self.count, self.count_context = shared_counter()
 
+    def skip(self, index: int, err: Exception) -> None:
+        """Count an unusable sample and warn once about it (``strict``: stop instead)."""
+        if self.strict:
+            raise BadSample(f"{self.describe(index)}: {err} (data.init_args.strict=true)") from None
+        with self.count.get_lock():
+            self.count.value += 1
+        if index not in self.skipped:
+            self.skipped.add(index)
+            warnings.warn(f"skipping {self.describe(index)}: {err}", stacklevel=3)
+
+    def get_or_none(self, index: int) -> Any:
+        """Item ``index`` itself, or None (warned about and counted) where it is unusable: what
+        prediction needs, whose rows must each be the file they name, never the next one."""
+        try:
+            return self.dataset[index]
+        except UNUSABLE as err:
+            self.skip(index, err)
+            return None
+
     def take_count(self) -> int:
         """Samples skipped since the last call."""
         with self.count.get_lock():
@@ -172,21 +184,36 @@ class SkipCorrupt(Dataset):
         return value
 
 
-class PadTo(v2.Transform):
-    """Pad up to ``size`` x ``size``, bottom/right (or evenly on both sides with ``centre``, as
-    LLaVA-1.5's ``expand2square``): images with 0, masks with ``mask_fill``."""
+class Sourced(Dataset):
+    """A dataset for prediction: each item is ``(source, item)`` where ``source`` names the sample
+    (``dataset_index``, and ``file`` where there is one); an unusable sample's item is None."""
 
-    def __init__(self, size: int, mask_fill: int = 0, centre: bool = False) -> None:
-        super().__init__()
-        self.size, self.mask_fill, self.centre = size, mask_fill, centre
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
 
-    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
-        h, w = v2.functional.get_size(inpt)  # of the canvas for boxes, whose shape is (N, 4)
-        extra_w, extra_h = max(self.size - w, 0), max(self.size - h, 0)
-        left, top = (extra_w // 2, extra_h // 2) if self.centre else (0, 0)
-        pad = [left, top, extra_w - left, extra_h - top]
-        fill = self.mask_fill if isinstance(inpt, tv_tensors.Mask) else 0
-        return v2.functional.pad(inpt, pad, fill=fill)
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[dict[str, Any], Any]:
+        source: dict[str, Any] = {"dataset_index": int(index)}
+        if isinstance(self.dataset, SkipCorrupt):
+            source["file"] = self.dataset.describe(index)
+            return source, self.dataset.get_or_none(index)
+        return source, self.dataset[index]
+
+
+class SourcedCollate:
+    """Collate `Sourced` items: the usable ones with the data module's own collate, their sources
+    appended as the batch's last element (a batch with none left is None: no rows)."""
+
+    def __init__(self, collate: Callable | None) -> None:
+        self.collate = collate or default_collate
+
+    def __call__(self, batch: list[tuple[dict[str, Any], Any]]) -> tuple[Any, ...] | None:
+        kept = [(source, item) for source, item in batch if item is not None]
+        if not kept:
+            return None
+        return (*self.collate([item for _, item in kept]), [source for source, _ in kept])
 
 
 def load_hf_splits(name: str, config: str | None = None, default_split: str = "train") -> Any:
@@ -329,5 +356,20 @@ class SplitDataModule(LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.test_key, shuffle=False)
 
+    def use_for_predict(self, dataset: Dataset, split: str) -> None:
+        """Predict on ``dataset`` (the ``split`` named), and say which split that is."""
+        self.datasets["predict"] = dataset
+        rank_zero_info(f"splitlab: predict reads the {split!r} split ({len(dataset)} samples)")
+
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_key, shuffle=False)
+        """The predict split in dataset order; each batch ends with its samples' sources (index and
+        file), and an unusable file gives no row (`Sourced`)."""
+        hp = self.hparams
+        dataset = self.datasets["predict" if "predict" in self.datasets else self.test_key]
+        return DataLoader(
+            Sourced(dataset),
+            batch_size=getattr(self, "batch_size", hp.batch_size),
+            num_workers=hp.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            collate_fn=SourcedCollate(type(self).collate_fn),
+        )

@@ -17,7 +17,8 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from splitlab.data.common import PadTo, SkipCorrupt, SplitDataModule, require_dir
+from splitlab.data.common import SkipCorrupt, SplitDataModule, require_dir
+from splitlab.model.preprocess import Preprocessing
 
 IMAGE_FIELDS = ("id", "file_name")
 ANNOTATION_FIELDS = ("image_id", "category_id", "bbox")
@@ -113,8 +114,8 @@ class CocoDetection(Dataset):
     """(image, target) pairs; targets hold boxes (xyxy, input pixels), labels, optional masks,
     the image id and the letterbox scale (to map predictions back to the original image)."""
 
-    def __init__(self, images: Path, annotations: Path, transform: Any, masks: bool) -> None:
-        self.images, self.transform, self.masks = images, transform, masks
+    def __init__(self, images: Path, annotations: Path, transform: Any, masks: bool, size: int) -> None:
+        self.images, self.transform, self.masks, self.size = images, transform, masks, size
         self.coco, self.ids, self.categories, self.dropped = load_coco(annotations, images)
 
     def __len__(self) -> int:
@@ -150,7 +151,7 @@ class CocoDetection(Dataset):
         img, target = self.transform(tv_tensors.Image(v2.functional.pil_to_tensor(image)), target)
         out = {k: v.as_subclass(torch.Tensor) for k, v in target.items()}
         out["image_id"] = torch.tensor(image_id)
-        out["scale"] = torch.tensor(self.transform.size / max(image.width, image.height))
+        out["scale"] = torch.tensor(self.size / max(image.width, image.height))
         return img.as_subclass(torch.Tensor), out
 
 
@@ -167,24 +168,15 @@ def _per_box_fields(inputs: Any) -> tuple[torch.Tensor, ...]:
     return tuple(target[k] for k in ("labels", "iscrowd", "area") if k in target)
 
 
-class Letterbox(v2.Compose):
-    """Resize the longer side to ``size``, pad bottom/right to a square, clamp boxes to the image;
-    for training (``flip``) also flip and drop boxes under a pixel, which the losses cannot use.
+def letterbox(preprocessing: Preprocessing, flip: bool) -> Any:
+    """The model's letterbox (`Preprocessing`), with boxes clamped to the image; for training
+    (``flip``) also a flip first and boxes under a pixel dropped, which the losses cannot use.
     Evaluation keeps every ground-truth box, so the mAP is taken on the annotations as given."""
-
-    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], flip: bool) -> None:
-        steps: list[Any] = [v2.RandomHorizontalFlip()] if flip else []
-        steps += [
-            v2.Resize(size=None, max_size=size, antialias=True),
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize(mean, std),
-            PadTo(size),
-            v2.ClampBoundingBoxes(),
-        ]
-        if flip:
-            steps.append(v2.SanitizeBoundingBoxes(min_size=1.0, labels_getter=_per_box_fields))
-        super().__init__(steps)
-        self.size = size
+    pre = [v2.RandomHorizontalFlip()] if flip else []
+    post: list[Any] = [v2.ClampBoundingBoxes()]
+    if flip:
+        post.append(v2.SanitizeBoundingBoxes(min_size=1.0, labels_getter=_per_box_fields))
+    return preprocessing.transforms(pre=pre, post=post)
 
 
 class CocoDetectionData(SplitDataModule):
@@ -228,7 +220,7 @@ class CocoDetectionData(SplitDataModule):
         root = Path(hp.root)
         folder = require_dir(root / images, f"data.root/{images}")
         ds = CocoDetection(
-            folder, root / annotations, Letterbox(hp.img_size, self.mean, self.std, training), hp.masks
+            folder, root / annotations, letterbox(self.preprocessing, training), hp.masks, hp.img_size
         )
         return SkipCorrupt(ds, lambda i: str(folder / ds.coco.imgs[ds.ids[i]]["file_name"]), hp.strict)
 
@@ -236,6 +228,8 @@ class CocoDetectionData(SplitDataModule):
         hp = self.hparams
         if "val" not in self.datasets:
             self.datasets["val"] = self._split(hp.val_images, hp.val_annotations, False)
+        if stage == "predict" and "predict" not in self.datasets:
+            self.use_for_predict(self.datasets["val"], hp.val_images)
         if stage == "fit" and "train" not in self.datasets:
             self.datasets["train"] = self._split(hp.train_images, hp.train_annotations, True)
             self._check_same_categories()
@@ -261,4 +255,21 @@ class CocoDetectionData(SplitDataModule):
     @property
     def num_classes(self) -> int:
         """Object categories of the training annotations (those of the validation file before ``fit``)."""
-        return len(self.datasets.get("train", self.datasets["val"]).dataset.categories)
+        return len(self.category_ids)
+
+    @property
+    def category_ids(self) -> list[int]:
+        """The COCO category id of labels 1..K (the categories' ranks; 0 is the background)."""
+        categories = self.datasets.get("train", self.datasets["val"]).dataset.categories
+        return sorted(categories, key=categories.get)
+
+    @property
+    def names(self) -> list[str]:
+        """The category names of labels 1..K."""
+        cats = self.datasets.get("train", self.datasets["val"]).dataset.coco.cats
+        return [str(cats[c].get("name", c)) for c in self.category_ids]
+
+    @property
+    def preprocessing(self) -> Preprocessing:
+        """The model's input: the longer side to ``img_size``, padded square (bottom/right)."""
+        return Preprocessing(self.img_size, self.mean, self.std)

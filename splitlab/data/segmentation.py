@@ -24,12 +24,12 @@ from tqdm.auto import tqdm
 from splitlab.data.common import (
     UNREADABLE,
     BadSample,
-    PadTo,
     SkipCorrupt,
     SplitDataModule,
     check_source,
     require_dir,
 )
+from splitlab.model.preprocess import Preprocessing
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 CHECKED_LABELS = 16  # masks whose labels are read before training (all sizes are, from the headers)
@@ -169,6 +169,7 @@ class ADE20KData(SplitDataModule):
         hf_config: its configuration name.
         image_column, label_column: HF columns.
         train_split, val_split: split folder names (``training``/``validation``).
+        predict_split: the split ``predict`` reads (default ``val_split``).
         num_classes: classes (150).
         ignore_index: label of unlabelled pixels.
         reduce_zero_label: raw 0 is "unlabelled" and classes start at 1 (ADE20K).
@@ -189,6 +190,7 @@ class ADE20KData(SplitDataModule):
         label_column: str = "annotation",
         train_split: str = "training",
         val_split: str = "validation",
+        predict_split: str | None = None,
         num_classes: int = 150,
         ignore_index: int = 255,
         reduce_zero_label: bool = True,
@@ -215,13 +217,7 @@ class ADE20KData(SplitDataModule):
         size = hp.img_size
         normalise = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
         if not training:
-            return v2.Compose(
-                [
-                    v2.Resize(size=None, max_size=size, antialias=True),
-                    PadTo(size, hp.ignore_index),
-                    *normalise,
-                ]
-            )
+            return self.preprocessing.transforms(mask_fill=hp.ignore_index)
         return v2.Compose(
             [
                 v2.ScaleJitter((size, size), scale_range=tuple(hp.scale_range), antialias=True),
@@ -266,6 +262,12 @@ class ADE20KData(SplitDataModule):
     def num_classes(self) -> int:
         return int(self.hparams.num_classes)
 
+    @property
+    def preprocessing(self) -> Preprocessing:
+        """The model's input: the longer side to ``img_size``, padded square with black pixels
+        (bottom/right; the mask with ``ignore_index``), then normalised."""
+        return Preprocessing(self.img_size, self.mean, self.std, pad_fill="black")
+
     def setup(self, stage: str) -> None:
         hp = self.hparams
         for key, setting, training in (("train", "train_split", True), ("val", "val_split", False)):
@@ -274,3 +276,9 @@ class ADE20KData(SplitDataModule):
                 if ds is None:
                     raise self.missing_split(setting, hp[setting], under="images")
                 self.datasets[key] = ds
+        if stage == "predict" and "predict" not in self.datasets:
+            name = hp.predict_split or hp.val_split
+            ds = self.datasets["val"] if name == hp.val_split else self._split(name, False)
+            if ds is None:
+                raise self.missing_split("predict_split", name, under="images")
+            self.use_for_predict(ds, name)

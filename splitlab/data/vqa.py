@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
-from torchvision.transforms import v2
+from torch.utils.data import Dataset
 
-from splitlab.data.common import PadTo, SkipCorrupt, SplitDataModule, check_source, require_dir
+from splitlab.data.common import SkipCorrupt, SplitDataModule, check_source, require_dir
+from splitlab.model.preprocess import Preprocessing
 
 # OpenAI CLIP's normalisation (the usual VQA vision towers: CLIP / SigLIP-style ViTs at 336 px)
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -360,17 +360,15 @@ class VQAv2Data(SplitDataModule):
         self.batch_size = batch_size
         self.datasets: dict[str, Dataset] = {}
 
+    @property
+    def preprocessing(self) -> Preprocessing:
+        """The model's input: the longer side to ``img_size``, normalised, padded square (with the mean
+        colour) at ``pad``."""
+        return Preprocessing(self.img_size, self.mean, self.std, pad=self.hparams.pad)
+
     def transform(self) -> Any:
-        """Letterbox: longer side to ``img_size``, normalise, pad (with the mean colour) at ``pad``."""
-        return v2.Compose(
-            [
-                v2.PILToTensor(),
-                v2.Resize(size=None, max_size=self.img_size, antialias=True),
-                v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize(self.mean, self.std),
-                PadTo(self.img_size, centre=self.hparams.pad == "centre"),
-            ]
-        )
+        """The letterbox of `preprocessing`, on PIL images."""
+        return self.preprocessing.image_transform
 
     def _split(self, setting: str, answers: bool = True) -> Dataset:
         hp = self.hparams
@@ -394,7 +392,10 @@ class VQAv2Data(SplitDataModule):
     def setup(self, stage: str) -> None:
         if stage == "predict":
             if "predict" not in self.datasets:
-                self.datasets["predict"] = self._split("predict_split", answers=False)
+                hp = self.hparams
+                self.use_for_predict(
+                    self._split("predict_split", answers=False), hp.predict_split or hp.val_split
+                )
             return
         if "val" not in self.datasets:
             self.datasets["val"] = self._split("val_split")
@@ -402,6 +403,3 @@ class VQAv2Data(SplitDataModule):
             self.datasets["train"] = self._split("train_split")
 
     collate_fn = staticmethod(collate)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("predict", shuffle=False)

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from lightning import LightningModule
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
-from splitlab.backbone import PackedFeatures, PackedViT
+from splitlab.backbone import PackedViT
 from splitlab.metrics import PolicyStats
+from splitlab.model import SplitModel, model_settings
+from splitlab.model.base import TRAINED_POLICIES as POLICIES
 from splitlab.rl import BudgetSampler, FractionController, PPOConfig
 from splitlab.tasks.evaluation import PolicyEvaluation, slot
 from splitlab.tasks.state import TaskState
 from splitlab.tasks.training import Stage, StageTraining
-from splitlab.tokenizer import BASELINES, Levels, SplitTokenizer, TokenLayout, budget_points
-
-POLICIES = ("learned", "entropy", "random")
+from splitlab.tokenizer import BASELINES, Levels, SplitTokenizer, TokenLayout
 
 
 class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
@@ -34,8 +34,10 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
     - ``ppo``: backbone, head and embeddings are frozen; the decision module alone learns from
       reward = -per-sample task loss - λ·token fraction, λ held by a `FractionController`.
 
-    Subclasses supply the head (`configure_head`), the per-sample loss and the metrics; the
-    stage logic lives here once. The task imports no callback: the schedule, pictures and layout
+    The deployable parts (backbone, tokenizer, head, names, preprocessing) are one `SplitModel`,
+    ``self.model`` (``model_class`` of the task: its head); the task adds what only training needs.
+    Subclasses supply the model class, the per-sample loss and the metrics; the stage logic lives
+    here once. The task imports no callback: the schedule, pictures and layout
     writer come from the recipe or the CLI's defaults (`splitlab.cli`). Optimisation is manual (two optimizers: task and policy), as
     PPO needs several updates per batch.
 
@@ -86,6 +88,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
 
     task_name = "task"
     metric_name = "metric"
+    model_class: ClassVar[type[SplitModel]] = SplitModel
 
     def __init__(
         self,
@@ -141,6 +144,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         self.stage: Stage = "warm_start"
         self.stage_plan: dict[str, int] | None = None
         self.configure_models()
+        self.sync_deployed()
         self.configure_metrics()
         self._generator: torch.Generator | None = None
         self._pending_generator_state: Tensor | None = None
@@ -150,33 +154,12 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
 
     # ----------------------------------------------------------------------------- building
     def configure_models(self) -> None:
-        """Backbone, tokenizer, head and the fraction controller."""
+        """The deployable model (`SplitModel`: backbone, tokenizer, head) and the fraction controller."""
         hp = self.hparams
-        self.backbone = PackedViT(
-            hp.backbone,
-            pretrained=hp.pretrained,
-            checkpoint_path=hp.checkpoint_path,
-            attn_backend=hp.attn_backend,
-            **(hp.backbone_kwargs or {}),
-        )
-        if hp.levels is None:
-            self.levels = Levels.default(self.backbone.patch_size, self.backbone.img_size)
-        else:
-            self.levels = Levels.build(hp.levels, patch_size=self.backbone.patch_size)
-        self.levels.check_image(self.backbone.img_size)
-        self.target_fraction = self.levels.check_fraction(hp.target_fraction)
-        points = (
-            budget_points(hp.budgets, hp.budget_step) if hp.budgets is not None else [self.target_fraction]
-        )
-        self.tokenizer = SplitTokenizer(
-            self.backbone.embed_dim, self.levels, hp.decision_dim, hp.decision_heads, budgets=points
-        )
+        self.model = self.model_class(model_settings(hp, self.model_class.head_keys))
+        self.target_fraction = self.model.budget
+        points = self.model.tokenizer.operating_points.budgets.tolist()
         self.check_budgets()
-        # APT's per-level entropy cuts when it is the trained policy, and the budget they meet (-1:
-        # not set yet; `recalibrate` sets them from the calibration sample)
-        self.register_buffer("apt_cuts", torch.zeros(self.levels.num - 1))
-        self.register_buffer("apt_fraction", torch.tensor(-1.0))
-        self.head = self.configure_head()
         self.budget_sampler = BudgetSampler(len(points))
         self.controller = FractionController(
             points,
@@ -187,9 +170,26 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
             reduce=self._mean_over_ranks,
         )
 
-    def configure_head(self) -> nn.Module | None:
-        """The task head on top of `PackedFeatures` (None when the timm model's own head is used)."""
-        return None
+    # the deployed parts, as the model holds them
+    @property
+    def backbone(self) -> PackedViT:
+        return self.model.backbone
+
+    @property
+    def tokenizer(self) -> SplitTokenizer:
+        return self.model.tokenizer
+
+    @property
+    def head(self) -> nn.Module | None:
+        return self.model.head
+
+    @property
+    def levels(self) -> Levels:
+        return self.model.levels
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.model.max_tokens
 
     def configure_metrics(self) -> None:
         """Per-policy metric collections for validation and test (one per policy and evaluation budget)."""
@@ -212,12 +212,6 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         """Targets for ``times`` rollouts of the batch, rollout after rollout."""
         return targets.repeat(times, *([1] * (targets.dim() - 1)))
 
-    def forward_task(self, features: PackedFeatures) -> Any:
-        """Task outputs from backbone features: the head's (subclasses without a head override this)."""
-        if self.head is None:
-            raise NotImplementedError(f"{type(self).__name__} has no head: override forward_task")
-        return self.head(features)
-
     def per_sample_loss(self, outputs: Any, targets: Any) -> Tensor:
         """The task loss of each image, shape ``(B,)``: its mean trains the task, its values are PPO rewards."""
         raise NotImplementedError
@@ -228,51 +222,23 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         """Feed one batch (and the layout it was computed on) to a metric collection."""
         raise NotImplementedError
 
-    def backbone_indices(self) -> int | Sequence[int] | None:
-        """Blocks whose outputs the head needs (dense heads); None for the final features only."""
-        return None
-
     # ----------------------------------------------------------------------------- forward
-    def layout(
-        self,
-        images: Tensor,
-        policy: str = "learned",
-        fraction: float | None = None,
-        seed: int = 0,
-        budget: float | None = None,
-    ) -> TokenLayout:
-        """A layout for ``images``: the learned policy at ``budget`` (default ``target_fraction``) or a
-        baseline at ``fraction`` (default: the budget). The hard cap binds the learned policy and
-        whichever policy the run deploys (APT or random trained in the pipeline); a baseline row of
-        the comparison stays uncapped, so that it is compared at the matched mean fraction."""
-        budget = self.target_fraction if budget is None else budget
-        if policy == "learned":
-            return self.tokenizer(
-                images, self.backbone, mode="threshold", budget=budget, max_tokens=self.max_tokens
-            )
-        fraction = budget if fraction is None else fraction
-        generator = torch.Generator(images.device).manual_seed(seed)
-        scores, threshold = self.baseline_scores(policy, images, fraction, generator)
-        cap = self.max_tokens if policy == self.deployed_policy else None
-        return self.tokenizer(
-            images, self.backbone, mode="scores", scores=scores, threshold=threshold, max_tokens=cap
-        )
-
     def forward_layout(self, layout: TokenLayout) -> Any:
-        """Task outputs of a layout: the packed backbone (with the blocks the head needs), then the head."""
-        return self.forward_task(self.backbone(layout, indices=self.backbone_indices()))
+        """Task outputs of a layout (the model's packed backbone and head)."""
+        return self.model.forward_layout(layout)
 
     def forward(
         self,
         images: Tensor,
-        policy: str = "learned",
-        fraction: float | None = None,
-        seed: int = 0,
         budget: float | None = None,
+        max_fraction: float | None = None,
+        policy: str | None = None,
+        seed: int = 0,
     ) -> tuple[Any, TokenLayout]:
-        """Task outputs and the layout used, for inference (``seed`` drives the random baseline)."""
-        layout = self.layout(images, policy, fraction, seed, budget)
-        return self.forward_layout(layout), layout
+        """Task outputs and the layout used: the deployed path, `SplitModel.forward` (``policy``
+        defaults to the deployed one; ``seed`` drives the random policy)."""
+        policy = self.deployed_policy if policy is None else policy
+        return self.model(images, budget=budget, max_fraction=max_fraction, policy=policy, seed=seed)
 
     # ----------------------------------------------------------------------------- stages
     @property
@@ -280,6 +246,10 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         """What inference uses: the trained policy (``policy``), or the uniform grid while only dense
         training has run."""
         return "uniform" if self.stage == "dense" else self.hparams.policy
+
+    def sync_deployed(self) -> None:
+        """Tell the model which policy it deploys (and so which one its hard cap binds)."""
+        self.model.policy = self.deployed_policy
 
     def _mean_over_ranks(self, value: Tensor) -> Tensor:
         if self._trainer is None or self.trainer.world_size == 1:

@@ -17,10 +17,9 @@ class BudgetTraining:
     """Budget half of the training mixin: the batch's budget point and the operating points' calibration."""
 
     def check_budgets(self) -> None:
-        """Refuse budgets the policy cannot serve (the deployed one, ``eval_budgets``) and turn
-        ``max_fraction`` into a token cap, at construction: before any weights load or data is read."""
+        """Refuse evaluation budgets the policy cannot serve, at construction: before any weights load
+        or data is read (the model has checked the deployed budget and the cap)."""
         hp = self.hparams
-        self.tokenizer.operating_points.check(self.target_fraction)
         for budget in hp.eval_budgets:
             if hp.budgets is None and abs(budget - self.target_fraction) > 1e-6:
                 # worded from the settings: when target_fraction overrides a checkpoint's, the
@@ -31,11 +30,6 @@ class BudgetTraining:
                     "(model.init_args.budgets: [lowest, highest]) to serve others"
                 )
             self.tokenizer.operating_points.check(budget, "eval_budgets")
-        self.max_tokens = None
-        if hp.max_fraction is not None:  # as a token count of the finest grid
-            self.levels.check_fraction(hp.max_fraction, "max_fraction")
-            rows, cols = (side // self.levels.finest for side in self.backbone.img_size)
-            self.max_tokens = int(hp.max_fraction * rows * cols)
 
     def step_budget(self) -> tuple[int, float]:
         """This step's training budget: the one target, or (budget-conditioned) a point drawn per batch,
@@ -77,7 +71,7 @@ class BudgetTraining:
         loader = self.trainer.train_dataloader if self._trainer is not None else None
         learned = self.deployed_policy == "learned"
         # APT's cuts read pixels only: set once per budget (also before a dense stage ends)
-        apt = self.hparams.policy == "entropy" and not self.apt_ready(self.target_fraction)
+        apt = self.hparams.policy == "entropy" and not self.model.apt_ready(self.target_fraction)
         if count <= 0 or not (learned or apt) or not isinstance(loader, DataLoader):
             return
         dataset = loader.dataset
@@ -108,8 +102,10 @@ class BudgetTraining:
                     logits[point].append(self.tokenizer.decision_logits(tokens, budget))
         if apt:
             per_level = [torch.cat(level) for level in zip(*entropies, strict=True)]
-            self.apt_cuts.copy_(self._mean_over_ranks(level_thresholds(per_level, self.target_fraction)))
-            self.apt_fraction.fill_(self.target_fraction)
+            self.model.apt_cuts.copy_(
+                self._mean_over_ranks(level_thresholds(per_level, self.target_fraction))
+            )
+            self.model.apt_fraction.fill_(self.target_fraction)
         if not learned:
             return
         for point, budget in enumerate(points.budgets.tolist()):

@@ -9,13 +9,14 @@ from torch import Tensor
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from splitlab.backbone import PackedFeatures
+from splitlab.model import SplitClassifier
 from splitlab.tasks.base import SplitTask
 from splitlab.tokenizer import TokenLayout
 
 
 class ClassificationTask(SplitTask):
-    """Classification: the timm model's head (CLS token or mean pool), per-image cross-entropy.
+    """Classification: the timm model's head (CLS token or mean pool, `SplitClassifier`), per-image
+    cross-entropy.
 
     The timm head is kept (reset only when ``num_classes`` or ``global_pool`` change), so a
     pretrained ImageNet classifier is a SPLIT classifier from the first step.
@@ -29,6 +30,7 @@ class ClassificationTask(SplitTask):
 
     task_name = "classification"
     metric_name = "top1"
+    model_class = SplitClassifier
 
     def __init__(
         self,
@@ -38,18 +40,6 @@ class ClassificationTask(SplitTask):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-
-    def configure_head(self) -> None:
-        model, hp = self.backbone.model, self.hparams
-        pool = hp.global_pool or model.global_pool
-        if pool not in ("token", "avg"):
-            raise ValueError(f"global_pool={pool!r}: expected 'token' or 'avg'")
-        classes = hp.num_classes if hp.num_classes is not None else model.num_classes
-        if classes != model.num_classes or pool != model.global_pool:
-            model.reset_classifier(classes, pool)
-        if model.num_classes < 1:
-            raise ValueError(f"backbone {self.hparams.backbone!r} has no classifier: set num_classes")
-        return None
 
     @property
     def num_classes(self) -> int:
@@ -64,9 +54,6 @@ class ClassificationTask(SplitTask):
             }
         )
 
-    def forward_task(self, features: PackedFeatures) -> Tensor:
-        return self.backbone.forward_head(features)
-
     def per_sample_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
         return F.cross_entropy(
             outputs.float(), targets, reduction="none", label_smoothing=self.hparams.label_smoothing
@@ -77,6 +64,7 @@ class ClassificationTask(SplitTask):
     ) -> None:
         metrics.update(outputs.float(), targets)
 
-    def describe_prediction(self, outputs: Tensor, index: int) -> dict[str, Any]:
+    def describe_prediction(self, outputs: Tensor, index: int, target: Any = None) -> dict[str, Any]:
         probs = outputs[index].float().softmax(-1)
-        return {"class": int(probs.argmax()), "probability": float(probs.max())}
+        best = int(probs.argmax())
+        return {"class": self.model.name_of(best), "index": best, "probability": float(probs.max())}

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from splitlab.heads import SimpleFeaturePyramid
 from splitlab.tasks.base import SplitTask
 
 
@@ -25,11 +24,3 @@ class DenseTask(SplitTask):
         self, pyramid_channels: int = 256, pyramid_indices: Sequence[int] | None = None, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-
-    def build_pyramid(self) -> SimpleFeaturePyramid:
-        """The pyramid on this task's backbone (blocks and image size checked against it)."""
-        hp = self.hparams
-        return SimpleFeaturePyramid.for_backbone(self.backbone, hp.pyramid_channels, hp.pyramid_indices)
-
-    def backbone_indices(self) -> list[int]:
-        return self.head.pyramid.indices

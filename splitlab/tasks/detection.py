@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,8 +9,9 @@ import torch
 from torch import Tensor
 from torchmetrics import MetricCollection
 
-from splitlab.heads import DetectionHead, without_crowd
+from splitlab.heads import without_crowd
 from splitlab.metrics import coco_truth, detection_metrics, instance_label_map
+from splitlab.model import SplitDetector
 from splitlab.tasks.dense import DenseTask
 from splitlab.tokenizer import TokenLayout
 
@@ -36,6 +36,7 @@ class DetectionTask(DenseTask):
 
     task_name = "detection"
     metric_name = "map"
+    model_class = SplitDetector
 
     def __init__(
         self,
@@ -48,26 +49,6 @@ class DetectionTask(DenseTask):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-
-    def configure_head(self) -> DetectionHead:
-        hp = self.hparams
-        patch = self.backbone.patch_size
-        if patch & (patch - 1):
-            raise ValueError(
-                f"a {patch}-px patch gives pyramid strides {patch / 4:g}-{patch * 2:g} px, but torchvision's "
-                "RoIAlign and anchors assume powers of two (boxes would be read 12% off): set "
-                "model.init_args.backbone_kwargs.patch_size=16 (timm resamples the patch embedding)"
-            )
-        return DetectionHead(
-            self.build_pyramid(),
-            hp.num_classes,
-            self.backbone.img_size,
-            hp.detector,
-            hp.anchor_sizes,
-            hp.aspect_ratios,
-            hp.representation_size,
-            hp.detector_kwargs,
-        )
 
     def repeat_targets(self, targets: list[dict[str, Tensor]], times: int) -> list[dict[str, Tensor]]:
         return list(targets) * times
@@ -112,15 +93,15 @@ class DetectionTask(DenseTask):
             maps = [instance_label_map(t["boxes"], t["labels"], size, t.get("masks")) for t in targets]
             metrics["coverage"].update(layout, torch.stack(maps))
 
-    def describe_prediction(self, outputs: dict[str, Any], index: int) -> dict[str, Any]:
-        one = {
-            "features": OrderedDict((k, v[index : index + 1]) for k, v in outputs["features"].items()),
-            "image_sizes": outputs["image_sizes"][index : index + 1],
-        }
-        det = self.head.detect(one)[0]
+    def describe_prediction(self, outputs: dict[str, Any], index: int, target: Any = None) -> dict[str, Any]:
+        """The image's detections above 0.5, in the original image's pixels (the letterbox's scale undone)."""
+        det = self.head.detect(self.model.one_image(outputs, index))[0]
         keep = det["scores"] > 0.5
+        scale = float(target.get("scale", 1.0)) if isinstance(target, dict) else 1.0
+        labels = det["labels"][keep].tolist()
         return {
-            "boxes": det["boxes"][keep].tolist(),
-            "labels": det["labels"][keep].tolist(),
+            "boxes": (det["boxes"][keep].float() / scale).tolist(),
+            "labels": labels,
+            "names": [self.model.name_of(x) for x in labels],
             "scores": det["scores"][keep].tolist(),
         }

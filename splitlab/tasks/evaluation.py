@@ -5,13 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor
 
 from splitlab.metrics import timed
 from splitlab.report import format_table, summary_record, write_summary
-from splitlab.tokenizer import baseline_scores, entropy_scores
 
 
 def slot(name: str) -> str:
@@ -29,34 +26,9 @@ class PolicyEvaluation:
 
     @property
     def normalisation(self) -> tuple[Sequence[float], Sequence[float]]:
-        """``(mean, std)`` the images were normalised with: the data module's, else the backbone's."""
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is not None and hasattr(dm, "mean") and hasattr(dm, "std"):
-            return dm.mean, dm.std
-        cfg = self.backbone.data_config
-        return cfg["mean"], cfg["std"]
-
-    def baseline_scores(
-        self, policy: str, images: Tensor, fraction: float, generator: torch.Generator
-    ) -> tuple[list[Tensor], float]:
-        """A baseline's (entropy, random, ...) split scores and cut at ``fraction``, its pixel
-        statistics read in the images' own normalisation.
-
-        APT as the trained policy (``policy: entropy``) splits at its fixed per-level cuts, set on
-        the calibration sample (`recalibrate`), so each image's layout is its own; the comparison
-        rows of a learned run are calibrated on each batch, to the learned layout's fraction.
-        """
-        mean, std = self.normalisation
-        if policy == "entropy" == self.hparams.policy and self.apt_ready(fraction):
-            scores = entropy_scores(images, self.levels, mean=mean, std=std)
-            return [level - cut for level, cut in zip(scores, self.apt_cuts, strict=True)], 0.0
-        return baseline_scores(
-            policy, images, self.levels, fraction=fraction, generator=generator, mean=mean, std=std
-        )
-
-    def apt_ready(self, fraction: float) -> bool:
-        """Whether APT's fixed cuts are set for ``fraction`` (``apt_fraction`` is -1 until they are)."""
-        return abs(float(self.apt_fraction) - fraction) < 1e-6
+        """``(mean, std)`` the images are normalised with: the model's preprocessing (the data
+        module's, set at setup; the backbone's pretrained one before)."""
+        return self.model.preprocessing.mean, self.model.preprocessing.std
 
     def policy_names(self) -> list[str]:
         """Rows of the comparison: the learned policy and each baseline, then the same at every
@@ -90,7 +62,7 @@ class PolicyEvaluation:
         for budget in budgets:
             suffix = "" if budget == budgets[0] else at(budget)
             with timed(images.device) as elapsed:
-                outputs, layout = self(images, policy=self.deployed_policy, budget=budget, seed=batch_idx)
+                outputs, layout = self(images, budget=budget, seed=batch_idx)
                 outputs = self.finish_outputs(outputs, targets)
             self._record(stats[slot("learned" + suffix)], outputs, targets, layout, elapsed())
             first = first or layout
@@ -101,7 +73,7 @@ class PolicyEvaluation:
                 if policy == self.deployed_policy or (suffix and policy == "uniform"):
                     continue
                 with timed(images.device) as elapsed:
-                    out, base = self(images, policy=policy, fraction=realised, seed=batch_idx)
+                    out, base = self(images, policy=policy, budget=realised, seed=batch_idx)
                     out = self.finish_outputs(out, targets)
                 self._record(stats[slot(policy + suffix)], out, targets, base, elapsed())
         return {"images": images, "layout": first} if batch_idx == 0 else {}
@@ -180,29 +152,36 @@ class PolicyEvaluation:
     def predict_step(
         self, batch: Any, batch_idx: int, outputs: Any = None, layout: Any = None
     ) -> list[dict[str, Any]]:
-        """Each image's layout (token boxes in pixels, levels, fraction) and the task output
-        (``outputs`` and ``layout`` when the caller already computed them)."""
+        """Each image's source (dataset index and file), layout (token boxes in pixels, levels,
+        fraction) and prediction (``outputs`` and ``layout`` when the caller already computed them).
+        A batch whose files were all unusable is None: no rows."""
+        if batch is None:
+            return []
+        sequence = isinstance(batch, list | tuple)
+        images, targets = self.split_batch(batch) if sequence else (batch, None)
         if layout is None:
-            images, _ = self.split_batch(batch) if isinstance(batch, list | tuple) else (batch, None)
-            outputs, layout = self(images, policy=self.deployed_policy, seed=batch_idx)
+            outputs, layout = self(images, seed=batch_idx)
+        sources = batch[2] if sequence and len(batch) > 2 else [{} for _ in range(layout.batch_size)]
         finest = self.levels.finest
         records = []
         for i, (boxes, levels) in enumerate(
             zip(layout.split(layout.boxes), layout.split(layout.level), strict=True)
         ):
+            target = targets[i] if isinstance(targets, list | tuple) else None
             records.append(
                 {
+                    **sources[i],
                     "batch": batch_idx,
                     "index": i,
                     "token_fraction": float(layout.fraction[i]),
                     "tokens": [
                         [*(b * finest).tolist(), int(lv)] for b, lv in zip(boxes, levels, strict=True)
                     ],
-                    "prediction": self.describe_prediction(outputs, i),
+                    "prediction": self.describe_prediction(outputs, i, target),
                 }
             )
         return records
 
-    def describe_prediction(self, outputs: Any, index: int) -> Any:
-        """A JSON-friendly summary of one image's prediction."""
+    def describe_prediction(self, outputs: Any, index: int, target: Any = None) -> Any:
+        """A JSON-friendly summary of one image's prediction (``target``: its batch entry, if any)."""
         return None

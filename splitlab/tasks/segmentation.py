@@ -9,8 +9,8 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
-from splitlab.heads import SegmentationHead
 from splitlab.metrics import FineCoverage
+from splitlab.model import SplitSegmenter
 from splitlab.tasks.dense import DenseTask
 from splitlab.tokenizer import TokenLayout
 
@@ -34,6 +34,7 @@ class SegmentationTask(DenseTask):
 
     task_name = "segmentation"
     metric_name = "miou"
+    model_class = SplitSegmenter
 
     def __init__(
         self,
@@ -47,12 +48,12 @@ class SegmentationTask(DenseTask):
     ) -> None:
         super().__init__(**kwargs)
 
-    def configure_head(self) -> SegmentationHead:
+    def configure_models(self) -> None:
         hp = self.hparams
         outside = [c for c in hp.background_classes if not 0 <= c < hp.num_classes]
         if outside:
             raise ValueError(f"background_classes {outside} are not classes of num_classes={hp.num_classes}")
-        return SegmentationHead(self.build_pyramid(), hp.num_classes, hp.decode_head, hp.auxiliary_head)
+        super().configure_models()
 
     def check_data(self, datamodule: Any) -> None:
         """Also: one ``ignore_index`` for data and model (else padding and unlabelled pixels are
@@ -105,6 +106,8 @@ class SegmentationTask(DenseTask):
         metrics["pixel_accuracy"].update(preds, targets)
         metrics["coverage"].update(layout, targets)
 
-    def describe_prediction(self, outputs: dict[str, Tensor], index: int) -> dict[str, Any]:
+    def describe_prediction(
+        self, outputs: dict[str, Tensor], index: int, target: Any = None
+    ) -> dict[str, Any]:
         classes = outputs["logits"][index].argmax(0).unique().tolist()
         return {"classes_present": classes}

@@ -9,20 +9,10 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from splitlab.model.load import legacy_key, read_checkpoint, upgrade_state_dict
+from splitlab.model.preprocess import Preprocessing
 
-def read_checkpoint(path: str | Path, setting: str, **load_kwargs: Any) -> Any:
-    """``torch.load`` of a checkpoint a setting names, with the errors a user can fix worded as such:
-    no such file, or a file that is truncated or not a checkpoint (torch's own error names neither)."""
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"{setting}={str(path)!r}: no such checkpoint file")
-    try:
-        return torch.load(file, map_location="cpu", **load_kwargs)
-    except Exception as err:
-        raise ValueError(
-            f"{setting}={str(path)!r} is not a readable checkpoint ({type(err).__name__}): "
-            "the file is truncated or not a checkpoint torch can read"
-        ) from None
+__all__ = ["TaskState", "load_task", "read_checkpoint"]
 
 
 class TaskState:
@@ -75,6 +65,20 @@ class TaskState:
         dm = self.trainer.datamodule
         if dm is not None:
             self.check_data(dm)
+            self.adopt_data(dm)
+
+    def adopt_data(self, datamodule: Any) -> None:
+        """Give the model what the data says about its inputs: the preprocessing its evaluation
+        transform applies, and the class or category names (kept in checkpoints and saved models)."""
+        preprocessing = getattr(datamodule, "preprocessing", None)
+        if isinstance(preprocessing, Preprocessing):
+            self.model.preprocessing = preprocessing
+        names = getattr(datamodule, "names", None)
+        if names:
+            self.model.names = list(names)
+        category_ids = getattr(datamodule, "category_ids", None)
+        if category_ids:
+            self.model.config["head"]["category_ids"] = list(category_ids)
 
     def check_data(self, datamodule: Any) -> None:
         """Refuse data that does not fit the model, before any work (Lightning sets the data up first)."""
@@ -107,8 +111,8 @@ class TaskState:
         """Put back into ``state`` the weights a checkpoint left out as rebuilt (``meta["rebuilt"]``),
         and note when it carried such weights itself (then they are saved from now on)."""
         if not self._rebuilt_weights_loaded and self.rebuilt_keys() & set(state):
-            self._rebuilt_weights_loaded = True
-        left_out = [k for k in meta.get("rebuilt", []) if k not in state]
+            self._rebuilt_weights_loaded = self.model.rebuilt_loaded = True
+        left_out = [legacy_key(k) for k in meta.get("rebuilt", []) if legacy_key(k) not in state]
         if not left_out:
             return
         own = self.state_dict()
@@ -125,13 +129,14 @@ class TaskState:
         (decision module, operating points, λ) starts fresh."""
         saved = read_checkpoint(path, "init_checkpoint", weights_only=False)
         policy = (
-            "tokenizer.decision.",
-            "tokenizer.operating_points.",
+            "model.tokenizer.decision.",
+            "model.tokenizer.operating_points.",
             "controller.",
             "budget_sampler.",
-            "apt_",
+            "model.apt_",
         )
-        state = {k: v for k, v in saved.get("state_dict", saved).items() if not k.startswith(policy)}
+        weights = upgrade_state_dict(dict(saved.get("state_dict", saved)))
+        state = {k: v for k, v in weights.items() if not k.startswith(policy)}
         self._fill_rebuilt(state, saved.get("splitlab", {}), f"init_checkpoint={path!r}")
         own = self.state_dict()
         resized = [
@@ -156,6 +161,7 @@ class TaskState:
             "task_class": f"{type(self).__module__}.{type(self).__qualname__}",
             "stage": self.stage,
             "generators": self._generator_states(),
+            "model": self.model.export_config(),  # what `splitlab.load` rebuilds the model from
         }
         rebuilt = self.saved_as_rebuilt()
         if rebuilt:
@@ -165,7 +171,9 @@ class TaskState:
             checkpoint["splitlab"]["rebuilt"] = sorted(rebuilt)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trained = checkpoint.get("state_dict", {}).get("tokenizer.operating_points.budgets")
+        if "state_dict" in checkpoint:  # written before `SplitModel`: its parts under model.
+            upgrade_state_dict(checkpoint["state_dict"])
+        trained = checkpoint.get("state_dict", {}).get("model.tokenizer.operating_points.budgets")
         mine = self.tokenizer.operating_points.budgets
         if trained is not None and (
             trained.shape != mine.shape or not torch.allclose(trained.cpu(), mine.cpu())
@@ -181,9 +189,17 @@ class TaskState:
         if "state_dict" in checkpoint:
             self._fill_rebuilt(checkpoint["state_dict"], state, "the checkpoint")
             for key in ("apt_cuts", "apt_fraction"):  # checkpoints older than APT's fixed cuts: not set
-                checkpoint["state_dict"].setdefault(key, getattr(self, key).clone())
+                checkpoint["state_dict"].setdefault(f"model.{key}", getattr(self.model, key).clone())
+        saved = state.get("model", {})
+        if saved.get("preprocessing"):  # a data module, when there is one, sets them again at setup
+            self.model.preprocessing = Preprocessing.from_dict(saved["preprocessing"])
+        if saved.get("names"):
+            self.model.names = list(saved["names"])
+        if saved.get("head", {}).get("category_ids"):
+            self.model.config["head"]["category_ids"] = list(saved["head"]["category_ids"])
         if "stage" in state:
             self.stage = state["stage"]
+            self.sync_deployed()
         states = state.get("generators", [state["generator"]] if "generator" in state else [])
         ranks = self.trainer.world_size if self._trainer is not None else 1
         if states and len(states) != ranks:

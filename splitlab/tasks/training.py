@@ -26,6 +26,7 @@ class StageTraining(Optimization, BudgetTraining):
         if stage not in STAGES:
             raise ValueError(f"stage={stage!r}: expected one of {STAGES}")
         self.stage = stage
+        self.sync_deployed()
         if self._trainer is not None and self.trainer.optimizers:
             policy_opt = self.trainer.optimizers[1]
             for group in policy_opt.param_groups:
@@ -77,9 +78,7 @@ class StageTraining(Optimization, BudgetTraining):
             layout = self.tokenizer.tokenize(tokens, "scores", scores=uniform, threshold=0.0)
             imitation = None
         elif self.hparams.policy != "learned":  # APT and random, fine-tuned on their own layouts
-            scores, cut = self.baseline_scores(
-                self.hparams.policy, images, self.target_fraction, self.generator
-            )
+            scores, cut = self.model.scores(self.hparams.policy, images, self.target_fraction, self.generator)
             layout = self.tokenizer.tokenize(tokens, "scores", scores=scores, threshold=cut)
             imitation = None
         else:

@@ -10,17 +10,9 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
-from splitlab.backbone import PackedFeatures
-from splitlab.heads.vqa import (
-    PROMPT,
-    LanguageBridge,
-    VQAHead,
-    build_language_model,
-    build_tokenizer,
-    lora_adapters,
-    with_lora,
-)
+from splitlab.heads.vqa import PROMPT, lora_adapters
 from splitlab.metrics import VQAAccuracy
+from splitlab.model import SplitVQA
 from splitlab.tasks.base import SplitTask
 from splitlab.tokenizer import TokenLayout
 
@@ -53,6 +45,7 @@ class VQATask(SplitTask):
 
     task_name = "vqa"
     metric_name = "vqa_accuracy"
+    model_class = SplitVQA
 
     def __init__(
         self,
@@ -70,30 +63,6 @@ class VQATask(SplitTask):
     ) -> None:
         super().__init__(**kwargs)
 
-    def configure_head(self) -> VQAHead:
-        hp = self.hparams
-        text = build_tokenizer(hp.tokenizer)
-        language, projector = build_language_model(
-            hp.lm, vocab_size=len(text), dtype=torch.float32 if hp.train_lm else None
-        )
-        depth = self.backbone.depth
-        if not -depth <= hp.feature_block < depth:
-            raise ValueError(f"feature_block={hp.feature_block} out of range for a {depth}-block backbone")
-        if projector and projector["0.weight"].shape[1] != self.backbone.embed_dim:
-            raise ValueError(
-                f"lm={hp.lm!r}: its projector reads {projector['0.weight'].shape[1]}-wide features, the backbone "
-                f"{hp.backbone!r} gives {self.backbone.embed_dim}"
-            )
-        if hp.lora is not None and hp.train_lm:
-            raise ValueError(
-                f"train_lm=True with lora={hp.lora}: choose one (LoRA trains adapters of a frozen LM)"
-            )
-        language.requires_grad_(bool(hp.train_lm))
-        if hp.lora is not None:
-            language = with_lora(language, dict(hp.lora))
-        bridge = LanguageBridge(language, text, hp.prompt, hp.max_new_tokens)
-        return VQAHead(self.backbone.embed_dim, bridge, hp.token_order, hp.raster_anchor, projector)
-
     def task_modules(self) -> list[nn.Module]:
         """ViT, embeddings and projector (and the LM with ``train_lm``, its adapters with ``lora``):
         a frozen LM never trains."""
@@ -103,12 +72,8 @@ class VQATask(SplitTask):
         return [*modules, *lora_adapters(self.head.bridge.lm)]
 
     def rebuilt_keys(self) -> set[str]:
-        """A frozen LM loaded by name or folder comes back identical from there, so checkpoints leave
-        its weights out (LLaVA-1.5-7B: 13 GB in each); a trained LM, LoRA adapters and an LM built
-        from a config (random init) are saved."""
-        if self.hparams.train_lm or not isinstance(self.hparams.lm, str):
-            return set()
-        return {f"head.bridge.lm.{k}" for k in self.head.bridge.lm.state_dict() if "lora_" not in k}
+        """The frozen LM's weights, which checkpoints leave out (`SplitVQA.rebuilt_keys`)."""
+        return {f"model.{k}" for k in self.model.rebuilt_keys()}
 
     def train(self, mode: bool = True) -> VQATask:
         super().train(mode)
@@ -119,14 +84,8 @@ class VQATask(SplitTask):
                     module.train()
         return self
 
-    def backbone_indices(self) -> list[int]:
-        return [self.hparams.feature_block % self.backbone.depth]
-
     def repeat_targets(self, targets: list[dict[str, Any]], times: int) -> list[dict[str, Any]]:
         return list(targets) * times
-
-    def forward_task(self, features: PackedFeatures) -> list[Tensor]:
-        return self.head.visual_tokens(features.intermediates[0], features.layout)
 
     def per_sample_loss(self, outputs: list[Tensor], targets: list[dict[str, Any]]) -> Tensor:
         questions = [t["questions"] for t in targets]
@@ -139,7 +98,7 @@ class VQATask(SplitTask):
     def finish_outputs(self, outputs: list[Tensor], targets: list[dict[str, Any]]) -> list[list[str]]:
         """The answers (prefill and greedy decoding), inside the evaluation's clock: in VQA the
         language model is where the visual token count costs most."""
-        return self.head.bridge.answer(outputs, [t["questions"] for t in targets])
+        return self.model.answer(outputs, [t["questions"] for t in targets])
 
     def update_metrics(
         self,
@@ -159,8 +118,10 @@ class VQATask(SplitTask):
     def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
         """Each image's layout (as for every task) and its answers; the official results file
         (``vqa_results.json``: ``[{question_id, answer}]``) is written at the end of predict."""
+        if batch is None:
+            return []
         images, targets = self.split_batch(batch)
-        outputs, layout = self(images, policy=self.deployed_policy, seed=batch_idx)
+        outputs, layout = self(images, seed=batch_idx)
         answers = self.finish_outputs(outputs, targets)
         records = super().predict_step(batch, batch_idx, outputs=outputs, layout=layout)
         for record, target, said in zip(records, targets, answers, strict=True):

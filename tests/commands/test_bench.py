@@ -30,6 +30,32 @@ def test_bench_reports_every_key(tmp_path) -> None:
     assert 1.0 < result["ideal_speedup"] < 1.0 / 0.5  # fewer tokens, fewer FLOPs; attention is a part only
 
 
+def test_bench_times_the_predict_path_on_files(tmp_path) -> None:
+    """``--predict``: decoding, preprocessing, model and results on files, SPLIT against the same
+    loader with timm's model; both passes see every file."""
+    import numpy as np
+    from PIL import Image
+
+    for i in range(5):
+        Image.fromarray(np.full((40 + 10 * i, 70, 3), 30 * i, dtype=np.uint8)).save(tmp_path / f"{i}.jpg")
+    cfg = BenchConfig(
+        model="test_vit",
+        img_size=64,
+        batch_size=2,
+        levels=(32, 16),
+        fraction=0.6,
+        warmup=0,
+        iters=1,
+        images=str(tmp_path),
+        predict=True,
+        workers=0,
+    )
+    result = run_bench(cfg)["predict"]
+    assert result["images"] == 5 and result["speedup"] > 0 and result["share_of_backbone_speedup"] > 0
+    with pytest.raises(ValueError, match="--predict times the predict path on files: give --images"):
+        run_bench(BenchConfig(model="test_vit", img_size=64, predict=True))
+
+
 def test_compile_gives_the_uniform_model_static_shapes_on_its_own_copy(monkeypatch) -> None:
     """``--compile``: timm's model compiled whole with static shapes (the strongest uniform baseline), on a
     copy, and SPLIT's blocks in place with dynamic shapes. Compilation itself is not run here (minutes on

@@ -59,7 +59,7 @@ def test_fsdp_trains_warm_start_and_ppo_and_checkpoints(shapes_root, tmp_path) -
         for c in sorted((tmp_path / "checkpoints").glob("epoch=*.ckpt"))[:2]
     )
     blocks = [k for k in first if ".blocks." in k]
-    decision = [k for k in first if k.startswith("tokenizer.decision.")]
+    decision = [k for k in first if k.startswith("model.tokenizer.decision.")]
     assert blocks and decision and first.keys() == second.keys()
     qkv = next(k for k in blocks if k.endswith("blocks.0.attn.qkv.weight"))
     assert not torch.equal(first[qkv].float(), FirstBlockAtStart.weight)  # the warm start reached the blocks

@@ -148,7 +148,7 @@ def test_padding_moves_boxes_with_their_image() -> None:
     padding shifts them with the image."""
     from torchvision import tv_tensors
 
-    from splitlab.data.common import PadTo
+    from splitlab.model.preprocess import PadTo
 
     image = tv_tensors.Image(torch.zeros(3, 40, 64))
     boxes = tv_tensors.BoundingBoxes([[0, 0, 10, 10], [50, 30, 64, 40]], format="XYXY", canvas_size=(40, 64))

@@ -22,7 +22,8 @@ def test_coco_json_naming_missing_images(tmp_path) -> None:
 
 def test_bad_boxes_are_dropped_with_a_counted_warning(tmp_path) -> None:
     from splitlab.data import generate_coco
-    from splitlab.data.detection import CocoDetection, Letterbox
+    from splitlab.data.detection import CocoDetection, letterbox
+    from splitlab.model import Preprocessing
 
     root = generate_coco(tmp_path / "coco", image_size=64, train=2, val=2)
     path = root / "annotations" / "instances_val2017.json"
@@ -32,7 +33,13 @@ def test_bad_boxes_are_dropped_with_a_counted_warning(tmp_path) -> None:
     doc["annotations"][2]["bbox"] = [50, 50, 30, 30]  # reaching past its border: clamped, kept
     path.write_text(json.dumps(doc))
     with pytest.warns(UserWarning, match="dropped 2 annotation"):
-        ds = CocoDetection(root / "val2017", path, Letterbox(64, (0.5,) * 3, (0.5,) * 3, False), masks=True)
+        ds = CocoDetection(
+            root / "val2017",
+            path,
+            letterbox(Preprocessing(64, (0.5,) * 3, (0.5,) * 3), False),
+            masks=True,
+            size=64,
+        )
     clamped = doc["annotations"][2]
     image, target = ds[ds.ids.index(clamped["image_id"])]
     assert (
@@ -42,14 +49,21 @@ def test_bad_boxes_are_dropped_with_a_counted_warning(tmp_path) -> None:
     assert [50.0, 50.0, 64.0, 64.0] in target["boxes"].tolist()
     with pytest.raises(ValueError, match="malformed COCO annotations"):
         path.write_text(json.dumps({"images": [{"id": 1}], "annotations": [{"image_id": 1}]}))
-        CocoDetection(root / "val2017", path, Letterbox(64, (0.5,) * 3, (0.5,) * 3, False), masks=False)
+        CocoDetection(
+            root / "val2017",
+            path,
+            letterbox(Preprocessing(64, (0.5,) * 3, (0.5,) * 3), False),
+            masks=False,
+            size=64,
+        )
 
 
 def test_crowd_regions_come_flagged_and_stay_aligned(tmp_path) -> None:
     """A crowd annotation is kept with ``iscrowd`` and its annotated ``area`` (for evaluation), and
     every per-box field stays aligned when the letterbox drops a degenerate box."""
     from splitlab.data import generate_coco
-    from splitlab.data.detection import CocoDetection, Letterbox
+    from splitlab.data.detection import CocoDetection, letterbox
+    from splitlab.model import Preprocessing
 
     root = generate_coco(tmp_path / "coco", image_size=64, train=2, val=2)
     path = root / "annotations" / "instances_val2017.json"
@@ -61,11 +75,10 @@ def test_crowd_regions_come_flagged_and_stay_aligned(tmp_path) -> None:
     degenerate["segmentation"] = [[30, 30, 30.5, 30, 30.5, 30.5]]
     doc["annotations"] += [crowd, degenerate]
     path.write_text(json.dumps(doc))
-    evaluated = CocoDetection(
-        root / "val2017", path, Letterbox(64, (0.5,) * 3, (0.5,) * 3, False), masks=True
-    )
+    prep = Preprocessing(64, (0.5,) * 3, (0.5,) * 3)
+    evaluated = CocoDetection(root / "val2017", path, letterbox(prep, False), masks=True, size=64)
     assert evaluated[0][1]["boxes"].shape[0] == len(first) + 2  # evaluation keeps every annotation
-    ds = CocoDetection(root / "val2017", path, Letterbox(64, (0.5,) * 3, (0.5,) * 3, True), masks=True)
+    ds = CocoDetection(root / "val2017", path, letterbox(prep, True), masks=True, size=64)
     _, target = ds[0]
     n = target["boxes"].shape[0]
     assert n == len(first) + 1  # training drops the degenerate box, the crowd stays

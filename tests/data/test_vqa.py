@@ -258,7 +258,7 @@ def test_predict_reads_a_split_with_questions_only(tmp_path: Path, vqa_root: Pat
     a_path.unlink()
     dm = VQAv2Data(root=str(root), img_size=64, batch_size=2, num_workers=0)
     dm.setup("predict")
-    targets = [t for _, batch in dm.predict_dataloader() for t in batch]
+    targets = [t for _, batch, _ in dm.predict_dataloader() for t in batch]
     asked = sorted(q["question_id"] for q in questions["questions"])
     assert sorted(qid for t in targets for qid in t["question_ids"]) == asked
     assert all(a == [] for t in targets for a in t["answers"])
@@ -282,7 +282,7 @@ def test_test_dev_questions_read_the_test2015_images(tmp_path: Path, vqa_root: P
         image.rename(root / "test2015" / image.name.replace("COCO_val2014_", "COCO_test2015_"))
     dm = VQAv2Data(root=str(root), img_size=64, batch_size=2, num_workers=0, predict_split="test-dev2015")
     dm.setup("predict")
-    targets = [t for _, batch in dm.predict_dataloader() for t in batch]
+    targets = [t for _, batch, _ in dm.predict_dataloader() for t in batch]
     assert sorted(qid for t in targets for qid in t["question_ids"]) == sorted(
         q["question_id"] for q in questions["questions"]
     )

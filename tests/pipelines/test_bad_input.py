@@ -143,7 +143,7 @@ def test_an_init_checkpoint_of_another_model(shapes_root, tmp_path, capsys) -> N
 def wide_checkpoint(path) -> str:
     """Same weights, other shapes (e.g. a dense stage with another width or ``lm``)."""
     torch.save({"state_dict": {"backbone.model.cls_token": torch.zeros(1, 1, 48)}}, path)
-    return "was trained with other sizes: backbone.model.cls_token (1, 1, 48)"
+    return "was trained with other sizes: model.backbone.model.cls_token (1, 1, 48)"
 
 
 def cut_checkpoint(path) -> str:

@@ -62,6 +62,46 @@ def test_validate_and_test_from_the_checkpoint(runs, task, command, tmp_path) ->
     assert _row(again, "learned")["metric"] == pytest.approx(_row(record, "learned")["metric"], abs=1e-6)
 
 
+def test_a_detection_run_predicts_its_files_as_validate_scores_them(runs) -> None:
+    """`splitlab.load` + `predict` on the validation files (boxes in each file's own pixels), scored
+    against the annotations file as COCO evaluation reads it: validate's mAP and token fraction."""
+    import torch
+
+    import splitlab
+    from splitlab.metrics import detection_metrics
+
+    out, record = runs["coco"]
+    doc = json.loads((out / "data" / "annotations" / "instances_val2017.json").read_text())
+    labels = {cid: i + 1 for i, cid in enumerate(sorted(c["id"] for c in doc["categories"]))}
+    model = splitlab.load(out)
+    results = model.predict(
+        [out / "data" / "val2017" / im["file_name"] for im in doc["images"]], batch_size=16
+    )
+    metric = detection_metrics()["map"]
+    for image, result in zip(doc["images"], results, strict=True):
+        anns = [a for a in doc["annotations"] if a["image_id"] == image["id"]]
+        boxes = torch.tensor([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in anns)]).reshape(
+            -1, 4
+        )
+        truth = {
+            "boxes": boxes.clamp(min=0).minimum(torch.tensor([image["width"], image["height"]] * 2)),
+            "labels": torch.tensor([labels[a["category_id"]] for a in anns], dtype=torch.long),
+            "iscrowd": torch.tensor([a.get("iscrowd", 0) for a in anns], dtype=torch.long),
+            "area": torch.tensor([float(a["area"]) for a in anns]),
+        }
+        found = {
+            "boxes": torch.tensor(result["boxes"]).reshape(-1, 4),
+            "scores": torch.tensor(result["scores"]),
+            "labels": torch.tensor(result["labels"], dtype=torch.long),
+        }
+        metric.update([found], [truth])
+    learned = _row(record, "learned")
+    fraction = sum(r["token_fraction"] for r in results) / len(results)
+    assert float(metric.compute()["map"]) == pytest.approx(learned["metric"], abs=1e-4)
+    assert fraction == pytest.approx(learned["token_fraction_mean"], abs=1e-6)
+    assert {r["category_ids"][0] for r in results if r["labels"]} <= {c["id"] for c in doc["categories"]}
+
+
 @pytest.mark.parametrize("task", ["ade20k", "coco"])
 def test_curve_of_a_dense_run(runs, task, tmp_path) -> None:
     """`splitlab curve` on a detection and a segmentation run (trained for one budget: its one point)."""

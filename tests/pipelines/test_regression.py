@@ -101,6 +101,39 @@ def test_learned_policy_meets_every_budget_and_beats_the_baselines(busy, tmp_pat
     assert row["metric"] >= record["policies"]["learned"]["metric"] - 0.01
 
 
+def test_a_trained_run_predicts_its_files_as_validate_scores_them(busy, tmp_path, capsys) -> None:
+    """The demo's run through `splitlab.load` + `predict` on its validation files: validate's top-1 and
+    token fraction, digit for digit; and `splitlab predict` on the same files writes the same."""
+    import splitlab
+    from splitlab.commands import main
+
+    run, record = busy
+    files = sorted((run / "data" / "val").rglob("*.png"))
+    results = splitlab.load(run).predict(files, batch_size=64)
+    top1 = sum(r["class"] == f.parent.name for r, f in zip(results, files, strict=True)) / len(files)
+    fraction = sum(r["token_fraction"] for r in results) / len(results)
+    learned = record["policies"]["learned"]
+    assert top1 == pytest.approx(learned["metric"], abs=1e-6)
+    assert fraction == pytest.approx(learned["token_fraction_mean"], abs=1e-6)
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "predict",
+                str(run),
+                str(run / "data" / "val"),
+                "--out",
+                str(tmp_path / "p"),
+                "--num-workers",
+                "0",
+            ]
+        )
+    lines = [json.loads(line) for line in (tmp_path / "p" / "predictions.jsonl").read_text().splitlines()]
+    assert [(line["class"], line["token_fraction"]) for line in lines] == [
+        (r["class"], r["token_fraction"]) for r in results
+    ]
+    assert "mean token fraction" in capsys.readouterr().out
+
+
 # Seeds on which the learned policy is measured more than 0.05 below the uniform grid at the deployed
 # budget, and why (docs/budgets.md, "Where the learned policy loses"). Every other check still holds.
 SHORT_OF_UNIFORM = {

@@ -70,19 +70,19 @@ def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path) -
     assert rows["uniform"]["token_fraction_mean"] == 1.0
     for baseline in ("random", "entropy"):  # at the capped policy's realised fraction, not the target 0.5
         assert rows[baseline]["token_fraction_mean"] < 0.4, baseline
-    # a comparison row is not capped: it meets the matched mean fraction, single images above the cap
-    from splitlab.tasks import load_task
+    # a comparison row is not capped: it meets the matched mean fraction, single images above the cap;
+    # an explicit max_fraction binds any policy
+    from splitlab.model import load
 
-    task = load_task(ckpt)
-    task.hparams.max_fraction = 0.3
-    task.check_budgets()
-    assert task.max_tokens == int(0.3 * 8 * 8)
+    model = load(ckpt)
+    assert model.cap_tokens(0.3) == int(0.3 * 8 * 8)
     images = torch.randn(32, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        base = task.layout(images, "random", fraction=0.3)
-        deployed = task.layout(images)
+        base = model.layout(images, budget=0.3, policy="random")
+        deployed = model.layout(images, max_fraction=0.3)
+        capped = model.layout(images, budget=0.3, policy="random", max_fraction=0.3)
     assert abs(float(base.fraction.mean()) - 0.3) <= 0.03 < float(base.fraction.max()) - 0.3
-    assert float(deployed.fraction.max()) <= 0.3
+    assert float(deployed.fraction.max()) <= 0.3 and float(capped.fraction.max()) <= 0.3
     # `null` means "none" for the evaluation lists, as `[]` does
     alone = summary_of(
         "validate",

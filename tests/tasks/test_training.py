@@ -56,9 +56,47 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
     lines = [json.loads(line) for line in (out / "layouts.jsonl").read_text().splitlines()]
     assert len(lines) == 12  # 3 test images x 4 classes
     assert [rec["dataset_index"] for rec in lines] == list(range(12))  # which image, in dataset order
+    files = sorted(str(p) for p in (shapes_root / "test").rglob("*.png"))
+    assert [rec["file"] for rec in lines] == files  # the test split (the twin's test_split is absent)
+    classes = sorted(d.name for d in (shapes_root / "train").iterdir())
     for rec in lines:
         area = sum((x1 - x0) * (y1 - y0) for x0, y0, x1, y1, _ in rec["tokens"])
         assert area == 64 * 64 and rec["token_fraction"] == pytest.approx(len(rec["tokens"]) / 64)
+        assert rec["prediction"]["class"] in classes
+
+
+def test_lightning_predict_leaves_the_fit_alone_and_names_each_file(shapes_root, tmp_path) -> None:
+    """Predict with the fit's own logger settings writes into <run>/predict/, never over the fit's files;
+    a file that is not an image gets no row (not its neighbour's prediction); a predict_split the data
+    does not have is refused."""
+    import hashlib
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(shapes_root, data)
+    bad = next((data / "test").rglob("*.png"))
+    bad.write_text("not an image")
+    run = tmp_path / "run"
+    fit(data, run, *schedule_args(1, 0))
+
+    def digest() -> dict[str, str]:
+        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in run.rglob("*") if p.is_file()}
+
+    before = digest()
+    ckpt = run / "checkpoints" / "last.ckpt"
+    for _ in range(2):  # a second predict does not overwrite the first either
+        with pytest.warns(UserWarning, match=f"skipping {bad}"):
+            lightning_main(["predict", *tiny_args(data, run), f"--ckpt_path={ckpt}"])
+    after = digest()
+    assert {k: after[k] for k in before} == before
+    for folder in ("predict", "predict-1"):
+        lines = [json.loads(line) for line in (run / folder / "layouts.jsonl").read_text().splitlines()]
+        assert len(lines) == 11 and str(bad) not in {rec["file"] for rec in lines}
+        assert len({rec["file"] for rec in lines}) == 11
+    with pytest.raises(FileNotFoundError, match="data.predict_split='nope': no such split"):
+        lightning_main(
+            ["predict", *tiny_args(data, run), f"--ckpt_path={ckpt}", "--data.init_args.predict_split=nope"]
+        )
 
 
 def test_predict_deploys_the_trained_policy(shapes_root, tmp_path) -> None:
@@ -78,8 +116,8 @@ def test_ppo_changes_only_the_policy(shapes_root, tmp_path) -> None:
         "state_dict"
     ]
     end = cli.model.state_dict()
-    frozen = [k for k in start if k.startswith(("backbone.", "tokenizer.embed."))]
-    policy = [k for k in start if k.startswith("tokenizer.decision.")]
+    frozen = [k for k in start if k.startswith(("model.backbone.", "model.tokenizer.embed."))]
+    policy = [k for k in start if k.startswith("model.tokenizer.decision.")]
     assert frozen and policy
     assert all(torch.equal(start[k], end[k]) for k in frozen)
     assert any(not torch.equal(start[k], end[k]) for k in policy)
@@ -199,19 +237,20 @@ def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_
         "state_dict"
     ]
     end = cli.model.state_dict()
-    backbone = [k for k in start if k.startswith("backbone.model.blocks.")]
-    policy = [k for k in start if k.startswith("tokenizer.decision.")]
+    backbone = [k for k in start if k.startswith("model.backbone.model.blocks.")]
+    policy = [k for k in start if k.startswith("model.tokenizer.decision.")]
     assert backbone and policy
     assert any(not torch.equal(start[k], warmed[k]) for k in backbone)  # the warm start fine-tuned it
     assert all(torch.equal(start[k], end[k]) for k in policy)  # no decision module was ever trained
     # APT splits at fixed per-level cuts (set from the calibration sample, checkpointed), so each
     # image's layout is its own: alone or in a batch, the same
     model = cli.model.eval()
-    assert float(warmed["apt_fraction"]) == 0.5 and warmed["apt_cuts"].gt(0).all() and model.apt_ready(0.5)
+    assert float(warmed["model.apt_fraction"]) == 0.5 and warmed["model.apt_cuts"].gt(0).all()
+    assert model.model.apt_ready(0.5)
     images = torch.stack([cli.datamodule.datasets["val"][i][0] for i in range(8)])
     with torch.no_grad():
-        together = model.layout(images, policy="entropy")
-        alone = [model.layout(images[i : i + 1], policy="entropy") for i in range(8)]
+        together = model.model.layout(images, policy="entropy")
+        alone = [model.model.layout(images[i : i + 1], policy="entropy") for i in range(8)]
     assert torch.equal(together.fraction, torch.cat([a.fraction for a in alone]))
     with pytest.raises(ValueError, match="budgets=\\[0.3, 0.7\\] needs policy='learned'"):
         fit(shapes_root, tmp_path / "bad", "--model.init_args.policy=entropy")

@@ -77,7 +77,7 @@ def test_a_frozen_lm_loaded_by_name_stays_out_of_checkpoints(tmp_path) -> None:
         AutoConfig.for_model("llama", vocab_size=len(WORDS), **settings)
     ).save_pretrained(folder)
     task = task_with(tmp_path, lm=str(folder))
-    lm_keys = {k for k in task.state_dict() if k.startswith("head.bridge.lm.")}
+    lm_keys = {k for k in task.state_dict() if k.startswith("model.head.bridge.lm.")}
     assert lm_keys and task.rebuilt_keys() == lm_keys
     with torch.no_grad():
         task.head.projector[0].weight.add_(1.0)  # trained weights must survive the round trip
@@ -94,7 +94,9 @@ def test_a_frozen_lm_loaded_by_name_stays_out_of_checkpoints(tmp_path) -> None:
     started = task_with(tmp_path, lm=str(folder), init_checkpoint=str(file))
     for model in (fresh, started):
         for key, value in task.state_dict().items():
-            if not key.startswith(("tokenizer.decision.", "tokenizer.operating_points.", "controller.")):
+            if not key.startswith(
+                ("model.tokenizer.decision.", "model.tokenizer.operating_points.", "controller.")
+            ):
                 assert torch.equal(model.state_dict()[key], value), key
 
     # An LM fine-tuned in an earlier stage (train_lm) and then frozen: the folder cannot rebuild it,
@@ -121,7 +123,10 @@ def test_a_frozen_lm_loaded_by_name_stays_out_of_checkpoints(tmp_path) -> None:
     from_config = task_with(tmp_path)  # random init: its LM weights must be saved
     assert not from_config.rebuilt_keys()
     assert not task_with(tmp_path, lm=str(folder), train_lm=True).rebuilt_keys()
-    left_out = {"state_dict": {}, "splitlab": {"rebuilt": ["head.bridge.lm.model.no_such_layer.weight"]}}
+    left_out = {
+        "state_dict": {},
+        "splitlab": {"rebuilt": ["model.head.bridge.lm.model.no_such_layer.weight"]},
+    }
     with pytest.raises(ValueError, match="same lm"):
         from_config.on_load_checkpoint(left_out)
 

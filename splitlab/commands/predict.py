@@ -1,0 +1,309 @@
+"""``splitlab predict MODEL INPUT...``: a trained SPLIT model on your own image files.
+
+MODEL is anything `splitlab.load` takes (a run folder, a ``.ckpt``, a ``save_pretrained`` folder, a
+Hub id); INPUT files or folders (recursive). Writes ``predictions.jsonl`` (one line per file: its
+path, the prediction with names, token count and fraction) and the task's standard file: COCO
+results (detection), PNG masks at each input's size (segmentation), VQA results (VQA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from splitlab.commands.arguments import device_name, fraction, positive_int
+
+OUTPUTS = (
+    "predictions.jsonl",
+    "coco_results.json",
+    "image_ids.json",
+    "vqa_results.json",
+    "masks",
+    "token_maps",
+)
+DIGITS = re.compile(r"(\d+)$")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="a trained model on image files: predictions.jsonl and the task's results file",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("model", help="run folder, .ckpt, save_pretrained folder or Hugging Face Hub id")
+    p.add_argument("inputs", nargs="+", help="image files or folders (searched recursively)")
+    p.add_argument("--budget", type=fraction, default=None, help="token budget (default: the model's)")
+    p.add_argument(
+        "--max-fraction", type=fraction, default=None, help="hard per-image cap on the token fraction"
+    )
+    p.add_argument(
+        "--policy", default=None, help="learned | uniform | entropy | random (default: the trained one)"
+    )
+    p.add_argument("--out", default=None, help="output folder (default: runs/predict/<model name>[-N])")
+    p.add_argument("--token-maps", action="store_true", help="also draw each image's tokens (token_maps/)")
+    asked = p.add_mutually_exclusive_group()
+    asked.add_argument(
+        "--questions",
+        default=None,
+        help="VQA: a VQAv2 questions file (images matched by the id ending their file names) or "
+        'a JSON {"file name": ["question", ...]}',
+    )
+    asked.add_argument(
+        "--question", action="append", default=None, help="VQA: ask every image this (repeatable)"
+    )
+    p.add_argument(
+        "--annotations",
+        default=None,
+        help="detection: a COCO annotations file whose image ids the results use",
+    )
+    p.add_argument("--top-k", type=positive_int, default=5, help="classification: classes per image")
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument(
+        "--num-workers", type=int, default=min(4, max((os.cpu_count() or 1) - 1, 0)), help="decoding workers"
+    )
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ...")
+
+
+def output_folder(model: str, out: str | None) -> Path:
+    """The folder to write into, made and checked writable before any work: ``--out`` (refused when it
+    holds an earlier prediction's files), else a new ``runs/predict/<model name>[-N]``."""
+    if out is None:
+        stem = Path(model.rstrip("/")).stem or "model"
+        if stem == "last":  # runs/x/checkpoints/last.ckpt: name it after the run
+            stem = Path(model).resolve().parent.parent.name
+        base = Path("runs") / "predict" / re.sub(r"[^\w.-]+", "_", stem)
+        count = 0
+        while (folder := base if count == 0 else base.with_name(f"{base.name}-{count}")).exists():
+            count += 1
+    else:
+        folder = Path(out).expanduser()
+        taken = [name for name in OUTPUTS if (folder / name).exists()]
+        if taken:
+            raise FileExistsError(
+                f"--out {out}: already holds {', '.join(taken)} of an earlier prediction; choose another --out"
+            )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".splitlab-write-check"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise OSError(f"--out {folder}: not writable ({err.strerror or err})") from None
+    return folder
+
+
+def read_questions(args: argparse.Namespace, files: Sequence[Path]) -> list[list[dict[str, Any]]] | None:
+    """Each file's questions (``question``, ``question_id``), from ``--question`` or ``--questions``."""
+    if args.question:
+        ids = iter(range(len(files) * len(args.question)))
+        return [[{"question": q, "question_id": next(ids)} for q in args.question] for _ in files]
+    if args.questions is None:
+        return None
+    path = Path(args.questions)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--questions {path}: not a readable JSON file ({err})") from None
+    if isinstance(doc, dict) and isinstance(doc.get("questions"), list):  # the official VQAv2 file
+        by_image: dict[int, list[dict[str, Any]]] = {}
+        for q in doc["questions"]:
+            by_image.setdefault(int(q["image_id"]), []).append(
+                {"question": str(q["question"]), "question_id": int(q["question_id"])}
+            )
+        ids = [int(m.group(1)) if (m := DIGITS.search(f.stem)) else None for f in files]
+        return [by_image.get(i, []) if i is not None else [] for i in ids]
+    if isinstance(doc, dict) and all(isinstance(v, list) for v in doc.values()):
+        counter = iter(range(sum(len(v) for v in doc.values())))
+        named = {k: [{"question": str(q), "question_id": next(counter)} for q in v] for k, v in doc.items()}
+        return [named.get(f.name, named.get(str(f), [])) for f in files]
+    raise ValueError(
+        f"--questions {path}: expected the VQAv2 questions format or a JSON object of file name -> questions"
+    )
+
+
+def coco_image_ids(annotations: str | None, files: Sequence[Path]) -> dict[Path, int]:
+    """Each file's COCO image id from ``--annotations`` (by file name); none without it (the files
+    predicted are then numbered 1, 2, ... in input order)."""
+    if annotations is None:
+        return {}
+    try:
+        images = json.loads(Path(annotations).read_text())["images"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"--annotations {annotations}: not a COCO annotations file ({err})") from None
+    by_name = {Path(im["file_name"]).name: int(im["id"]) for im in images}
+    missing = [f.name for f in files if f.name not in by_name]
+    if missing:
+        raise ValueError(
+            f"--annotations {annotations}: lists no image named {missing[0]} ({len(missing)} input(s) missing)"
+        )
+    return {f: by_name[f.name] for f in files}
+
+
+def palette_png(mask: np.ndarray) -> Image.Image:
+    """A label mask as a palette PNG (16-bit grey above 256 classes)."""
+    if mask.max(initial=0) > 255:
+        return Image.fromarray(mask.astype(np.uint16))
+    image = Image.fromarray(mask.astype(np.uint8), mode="P")
+    rng = np.random.default_rng(0)
+    colours = rng.integers(0, 256, (256, 3), dtype=np.uint8)
+    colours[0] = 0
+    image.putpalette(colours.reshape(-1).tolist())
+    return image
+
+
+class Outputs:
+    """What a predict run writes, file by file as predictions arrive, the results files at the end."""
+
+    def __init__(self, folder: Path, model: Any, files: Sequence[Path], args: argparse.Namespace) -> None:
+        self.folder, self.model, self.task = folder, model, model.task
+        self.lines = (folder / "predictions.jsonl").open("w")
+        self.token_maps = folder / "token_maps" if args.token_maps else None
+        self.image_ids = coco_image_ids(args.annotations, files) if self.task == "detection" else {}
+        self.coco: list[dict[str, Any]] = []
+        self.vqa: list[dict[str, Any]] = []
+        self.stems: dict[str, int] = {}
+        self.predicted: list[Path] = []
+
+    def unique(self, file: Path) -> str:
+        """A file name stem not used before in this run (inputs from several folders may share one)."""
+        seen = self.stems.get(file.stem, 0)
+        self.stems[file.stem] = seen + 1
+        return file.stem if seen == 0 else f"{file.stem}-{seen}"
+
+    def add(self, file: Path, result: dict[str, Any], asked: list[dict[str, Any]] | None, extra: Any) -> None:
+        record: dict[str, Any] = {"file": str(file), **result}
+        stem = self.unique(file)
+        self.predicted.append(file)
+        if self.task == "segmentation":
+            mask = record.pop("mask").cpu().numpy()
+            target = self.folder / "masks" / f"{stem}.png"
+            target.parent.mkdir(exist_ok=True)
+            palette_png(mask).save(target)
+            record["mask"] = str(target.relative_to(self.folder))
+        elif self.task == "detection":
+            image_id = self.image_ids.setdefault(file, len(self.predicted))
+            record["image_id"] = image_id
+            for box, score, category in zip(
+                result["boxes"], result["scores"], result["category_ids"], strict=True
+            ):
+                x0, y0, x1, y1 = box
+                self.coco.append(
+                    {
+                        "image_id": image_id,
+                        "category_id": category,
+                        "bbox": [x0, y0, x1 - x0, y1 - y0],
+                        "score": score,
+                    }
+                )
+        elif self.task == "vqa" and asked is not None:
+            for q, a in zip(asked, record["answers"], strict=True):
+                a["question_id"] = q["question_id"]
+                self.vqa.append({"question_id": q["question_id"], "answer": a["answer"]})
+        if self.token_maps is not None and extra is not None:
+            self.draw(stem, *extra)
+        self.lines.write(json.dumps(record) + "\n")
+        self.lines.flush()
+
+    def draw(self, stem: str, image: Any, tokens: list[list[int]]) -> None:
+        from splitlab.callbacks.pictures import draw_tile
+
+        prep = self.model.preprocessing
+        scale = max(1, 256 // prep.size)
+        self.token_maps.mkdir(exist_ok=True)
+        draw_tile(image, tokens, prep.mean, prep.std, self.model.levels.num, scale).save(
+            self.token_maps / f"{stem}.png"
+        )
+
+    def close(self) -> list[str]:
+        """Write the results files; their names."""
+        self.lines.close()
+        written = ["predictions.jsonl"]
+        if self.task == "detection":
+            (self.folder / "coco_results.json").write_text(json.dumps(self.coco) + "\n")
+            ids = {str(f): self.image_ids[f] for f in self.predicted}
+            (self.folder / "image_ids.json").write_text(json.dumps(ids, indent=1) + "\n")
+            written += ["coco_results.json", "image_ids.json"]
+        if self.task == "vqa":
+            ordered = sorted(self.vqa, key=lambda r: r["question_id"])
+            (self.folder / "vqa_results.json").write_text(json.dumps(ordered) + "\n")
+            written.append("vqa_results.json")
+        if self.task == "segmentation":
+            written.append("masks/")
+        if self.token_maps is not None:
+            written.append("token_maps/")
+        return written
+
+
+def main(args: argparse.Namespace) -> int:
+    import warnings
+
+    from tqdm.auto import tqdm
+
+    from splitlab.model import load
+    from splitlab.model.predict import image_files, iter_predictions
+
+    folder = output_folder(args.model, args.out)
+    files = image_files(args.inputs)
+    if not files:
+        raise FileNotFoundError(f"inputs {args.inputs}: no image files (jpg, png, webp, bmp, tiff, ...)")
+    if args.num_workers < 0:
+        raise ValueError(f"--num-workers {args.num_workers}: must be 0 or more")
+    questions = read_questions(args, files)
+    model = load(args.model, device=args.device)
+    model.check_policy(args.policy)
+    if (model.task == "vqa") != (questions is not None):
+        need = "needs --question or --questions" if model.task == "vqa" else "asks no questions: drop them"
+        raise ValueError(f"model {args.model}: a {model.task} model {need}")
+    if args.annotations and model.task != "detection":
+        raise ValueError(
+            f"--annotations: only detection results use COCO image ids (this is a {model.task} model)"
+        )
+    if questions is not None:  # images nobody asked about have nothing to answer
+        unasked = [f for f, q in zip(files, questions, strict=True) if not q]
+        if unasked:
+            warnings.warn(
+                f"{len(unasked)} image(s) have no questions and are left out, e.g. {unasked[0]}", stacklevel=1
+            )
+        kept = [(f, q) for f, q in zip(files, questions, strict=True) if q]
+        files, questions = [f for f, _ in kept], [q for _, q in kept]
+    outputs = Outputs(folder, model, files, args)
+    skipped, fractions = 0, []
+    stream = iter_predictions(
+        model,
+        files,
+        budget=args.budget,
+        max_fraction=args.max_fraction,
+        policy=args.policy,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        questions=[[q["question"] for q in qs] for qs in questions] if questions is not None else None,
+        top_k=args.top_k,
+        keep_images=args.token_maps,
+    )
+    try:
+        for prediction in tqdm(stream, total=len(files), desc="predict", unit="img"):
+            file = files[prediction.index]
+            if prediction.result is None:
+                skipped += 1
+                warnings.warn(f"skipping {file}: {prediction.skipped}", stacklevel=1)
+                continue
+            fractions.append(prediction.result["token_fraction"])
+            extra = (prediction.image, prediction.layout_boxes) if args.token_maps else None
+            outputs.add(file, prediction.result, questions[prediction.index] if questions else None, extra)
+    finally:
+        written = outputs.close()
+    mean = sum(fractions) / len(fractions) if fractions else float("nan")
+    note = f", {skipped} skipped (not images)" if skipped else ""
+    print(
+        f"predicted {len(fractions)} image(s){note}: mean token fraction {mean:.3f} "
+        f"(policy {model.check_policy(args.policy)}); wrote {', '.join(written)} in {folder}"
+    )
+    return 0

@@ -1,0 +1,287 @@
+"""`SplitModel`: the deployable SPLIT model, one plain `nn.Module` for every task.
+
+Tokenizer (with its operating points, and APT's cuts when APT is the trained policy), `PackedViT`,
+task head, names and preprocessing: everything inference needs, and the one deployed path
+(`layout` -> `forward_layout`) that training's evaluation, ``bench``, ``predict``, ``export`` and
+the scripts all run. The LightningModules in `splitlab.tasks` hold one (``task.model``) and add
+what only training needs, as anomalib's Lightning models hold their torch model.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from splitlab import __version__
+from splitlab.backbone import PackedFeatures, PackedViT
+from splitlab.model.hub import HubWeights
+from splitlab.model.preprocess import Preprocessing
+from splitlab.tokenizer import (
+    BASELINES,
+    Levels,
+    SplitTokenizer,
+    TokenLayout,
+    baseline_scores,
+    budget_points,
+    entropy_scores,
+)
+
+POLICIES = ("learned", "uniform", "entropy", "random")
+TRAINED_POLICIES = ("learned", "entropy", "random")
+# the settings every SplitModel has (config.json's top level), with their defaults
+COMMON: dict[str, Any] = {
+    "backbone": "vit_tiny_patch16_224",
+    "pretrained": False,
+    "checkpoint_path": "",
+    "backbone_kwargs": {},
+    "levels": None,
+    "decision_dim": 128,
+    "decision_heads": 4,
+    "budget": 0.7,
+    "budget_points": None,
+    "max_fraction": None,
+    "policy": "learned",
+    "attn_backend": "auto",
+    "names": None,
+    "preprocessing": None,
+}
+
+
+def model_settings(hparams: Mapping[str, Any], head_keys: Sequence[str]) -> dict[str, Any]:
+    """A `SplitModel` config from a task's settings (its hyperparameters): the common ones, the
+    budget range as its points, and the head's ``head_keys``."""
+    budget = float(hparams.get("target_fraction", COMMON["budget"]))
+    budgets = hparams.get("budgets")
+    points = (
+        budget_points(budgets, float(hparams.get("budget_step", 0.1))) if budgets is not None else [budget]
+    )
+    config = {k: copy.deepcopy(hparams[k]) for k in COMMON if k in hparams}
+    config.update(
+        budget=budget,
+        budget_points=points,
+        head={k: copy.deepcopy(hparams[k]) for k in head_keys if k in hparams},
+    )
+    config["backbone_kwargs"] = dict(config.get("backbone_kwargs") or {})
+    config["levels"] = list(config["levels"]) if config.get("levels") is not None else None
+    return config
+
+
+class SplitModel(nn.Module, HubWeights):
+    """A trained SPLIT model: ``model(images, budget=None, max_fraction=None, policy=None)`` returns
+    the task outputs and the `TokenLayout` they were computed on.
+
+    Build one from a config (`from_config`: the right task class), load one with `splitlab.load`,
+    `from_pretrained` or from a training checkpoint; `save_pretrained` writes the Hugging Face
+    layout (``config.json`` + ``model.safetensors``), `push_to_hub` uploads it.
+
+    Args:
+        config: the settings (see ``COMMON`` and the task class's ``head_keys``): the timm backbone
+            and its kwargs, levels, decision module size, the budget points the policy was trained
+            for and the one it deploys by default, the hard cap, the trained policy, names,
+            preprocessing and the head's settings under ``head``.
+    """
+
+    task: ClassVar[str] = ""
+    head_keys: ClassVar[tuple[str, ...]] = ()
+    registry: ClassVar[dict[str, type[SplitModel]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("task"):  # a class that names its task (not a tracer's proxy subclass)
+            SplitModel.registry[cls.task] = cls
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        cfg = {**copy.deepcopy(COMMON), **copy.deepcopy(dict(config)), "task": self.task}
+        cfg["head"] = dict(cfg.get("head") or {})
+        self.config = cfg
+        if cfg["policy"] not in POLICIES:
+            raise ValueError(f"policy={cfg['policy']!r}: expected one of {POLICIES}")
+        self.backbone = PackedViT(
+            cfg["backbone"],
+            pretrained=cfg["pretrained"],
+            checkpoint_path=cfg["checkpoint_path"],
+            attn_backend=cfg["attn_backend"],
+            **cfg["backbone_kwargs"],
+        )
+        patch, size = self.backbone.patch_size, self.backbone.img_size
+        levels = (
+            Levels.default(patch, size)
+            if cfg["levels"] is None
+            else Levels.build(cfg["levels"], patch_size=patch)
+        )
+        levels.check_image(size)
+        self.levels = levels
+        budget = levels.check_fraction(cfg["budget"])
+        points = [float(p) for p in (cfg["budget_points"] or [budget])]
+        self.tokenizer = SplitTokenizer(
+            self.backbone.embed_dim, levels, cfg["decision_dim"], cfg["decision_heads"], budgets=points
+        )
+        self.tokenizer.operating_points.check(budget)
+        self.max_tokens = self.cap_tokens(cfg["max_fraction"], "max_fraction")
+        # APT's per-level entropy cuts when it is the trained policy, and the budget they meet
+        # (-1: not set yet; a fit sets them on its calibration sample)
+        self.register_buffer("apt_cuts", torch.zeros(levels.num - 1))
+        self.register_buffer("apt_fraction", torch.tensor(-1.0))
+        self.head = self.build_head(cfg["head"])
+        self.policy: str = cfg["policy"]
+        self.budget = budget
+        given = cfg["preprocessing"]
+        self.preprocessing = Preprocessing.from_dict(given) if given else self.default_preprocessing()
+        self.names: list[str] | None = list(cfg["names"]) if cfg["names"] else None
+
+    # ----------------------------------------------------------------------------- building
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> SplitModel:
+        """The model of ``config["task"]`` (classification, detection, segmentation, vqa)."""
+        task = config.get("task")
+        if task not in SplitModel.registry:
+            raise ValueError(f"config task={task!r}: expected one of {sorted(SplitModel.registry)}")
+        return SplitModel.registry[task](dict(config))
+
+    def build_head(self, settings: dict[str, Any]) -> nn.Module | None:
+        """The task head (None where the timm model's own head is used)."""
+        return None
+
+    def default_preprocessing(self) -> Preprocessing:
+        """Preprocessing before a data module says otherwise: the backbone's pretrained mean and std."""
+        cfg = self.backbone.data_config
+        return Preprocessing(self.backbone.img_size[0], tuple(cfg["mean"]), tuple(cfg["std"]))
+
+    def cap_tokens(self, max_fraction: float | None, setting: str = "max_fraction") -> int | None:
+        """A per-image cap on the token fraction as a token count of the finest grid (None: no cap)."""
+        if max_fraction is None:
+            return None
+        self.levels.check_fraction(max_fraction, setting)
+        rows, cols = (side // self.levels.finest for side in self.backbone.img_size)
+        return int(max_fraction * rows * cols)
+
+    def set_deployment(self, budget: float | None = None, max_fraction: float | None = None) -> None:
+        """Change the budget this model deploys by default and its hard cap (kept when saved)."""
+        if budget is not None:
+            self.budget = self.tokenizer.operating_points.check(
+                self.levels.check_fraction(budget, "budget"), "budget"
+            )
+        if max_fraction is not None:
+            self.max_tokens = self.cap_tokens(max_fraction)
+            self.config["max_fraction"] = float(max_fraction)
+
+    def export_config(self) -> dict[str, Any]:
+        """The config that rebuilds this model as it is now (names, preprocessing, trained policy and
+        default budget included); backbone weights come with the state dict, not from timm."""
+        cfg = copy.deepcopy(self.config)
+        cfg.update(
+            pretrained=False,
+            checkpoint_path="",
+            budget=self.budget,
+            policy=self.policy,
+            names=self.names,
+            preprocessing=self.preprocessing.to_dict(),
+            attn_backend=self.backbone.attn_backend,
+            splitlab_version=__version__,
+        )
+        return cfg
+
+    def rebuilt_keys(self) -> set[str]:
+        """State-dict keys the model rebuilds identically from its config (a frozen LM loaded by
+        name): saved files leave them out. None by default."""
+        return set()
+
+    # ----------------------------------------------------------------------------- the deployed path
+    def check_policy(self, policy: str | None) -> str:
+        """``policy`` (default: the trained one) if the model can run it, else a one-line error."""
+        policy = self.policy if policy is None else policy
+        if policy not in POLICIES:
+            raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
+        return policy
+
+    def apt_ready(self, budget: float) -> bool:
+        """Whether APT's fixed cuts are set for ``budget`` (``apt_fraction`` is -1 until they are)."""
+        return abs(float(self.apt_fraction) - budget) < 1e-6
+
+    def scores(
+        self, policy: str, images: Tensor, budget: float, generator: torch.Generator | None = None
+    ) -> tuple[list[Tensor], float]:
+        """A baseline's split scores and cut at ``budget``, its pixel statistics read in the model's
+        normalisation. APT as the trained policy splits at its fixed per-level cuts (set on a
+        calibration sample), so each image's layout is its own; otherwise the cut is calibrated on
+        this batch."""
+        mean, std = self.preprocessing.mean, self.preprocessing.std
+        if policy == "entropy" == self.policy and self.apt_ready(budget):
+            levels = entropy_scores(images, self.levels, mean=mean, std=std)
+            return [level - cut for level, cut in zip(levels, self.apt_cuts, strict=True)], 0.0
+        if policy not in BASELINES:
+            raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
+        return baseline_scores(
+            policy, images, self.levels, fraction=budget, generator=generator, mean=mean, std=std
+        )
+
+    def layout(
+        self,
+        images: Tensor,
+        budget: float | Tensor | None = None,
+        max_fraction: float | None = None,
+        policy: str | None = None,
+        seed: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> TokenLayout:
+        """The layout ``policy`` (default: the trained one) gives ``images`` at ``budget`` (default:
+        the model's). The model's hard cap binds the learned policy and the trained one; another
+        policy (a baseline row of a comparison) is capped only by an explicit ``max_fraction``."""
+        policy = self.check_policy(policy)
+        budget = self.budget if budget is None else budget
+        if max_fraction is not None:
+            cap = self.cap_tokens(max_fraction, "max_fraction")
+        else:
+            cap = self.max_tokens if policy in ("learned", self.policy) else None
+        if policy == "learned":
+            if not isinstance(budget, Tensor):
+                self.tokenizer.operating_points.check(budget, "budget")
+            return self.tokenizer(images, self.backbone, mode="threshold", budget=budget, max_tokens=cap)
+        if generator is None:
+            generator = torch.Generator(images.device).manual_seed(seed)
+        scores, threshold = self.scores(policy, images, float(budget), generator)
+        return self.tokenizer(
+            images, self.backbone, mode="scores", scores=scores, threshold=threshold, max_tokens=cap
+        )
+
+    def backbone_indices(self) -> int | Sequence[int] | None:
+        """Blocks whose outputs the head reads (dense heads, VQA); None for the final features only."""
+        return None
+
+    def forward_task(self, features: PackedFeatures) -> Any:
+        """Task outputs from backbone features: the head's."""
+        if self.head is None:
+            raise NotImplementedError(f"{type(self).__name__} has no head: override forward_task")
+        return self.head(features)
+
+    def forward_layout(self, layout: TokenLayout) -> Any:
+        """Task outputs of a layout: the packed backbone (with the blocks the head reads), the head."""
+        return self.forward_task(self.backbone(layout, indices=self.backbone_indices()))
+
+    def forward(
+        self,
+        images: Tensor,
+        budget: float | Tensor | None = None,
+        max_fraction: float | None = None,
+        policy: str | None = None,
+        seed: int = 0,
+    ) -> tuple[Any, TokenLayout]:
+        """Task outputs and the layout used (``seed`` drives the random policy)."""
+        layout = self.layout(images, budget, max_fraction, policy, seed)
+        return self.forward_layout(layout), layout
+
+    # ----------------------------------------------------------------------------- results
+    def results(self, outputs: Any, placements: Sequence[Any], **options: Any) -> list[dict[str, Any]]:
+        """One JSON-friendly prediction per image, in the input images' own pixels."""
+        raise NotImplementedError
+
+    def predict(self, inputs: Any, **options: Any) -> list[dict[str, Any]]:
+        """Predictions on file paths, PIL images or image tensors (see `splitlab.model.predict`)."""
+        from splitlab.model.predict import predict
+
+        return predict(self, inputs, **options)

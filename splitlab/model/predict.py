@@ -1,0 +1,223 @@
+"""Predictions of a `SplitModel` on files, PIL images or tensors: decoded and preprocessed in
+DataLoader workers, batched through the deployed path, mapped back to each input's own pixels."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms.v2.functional import to_pil_image
+
+from splitlab.model.preprocess import Placement, Preprocessing
+
+# PIL's errors for a file that is not a readable image (a decompression bomb is one too large to trust)
+UNREADABLE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+def image_files(paths: Sequence[str | Path]) -> list[Path]:
+    """Files given, and inside folders (recursively, sorted) every file with an extension PIL opens;
+    a path that does not exist is an error naming it."""
+    extensions = {ext.lower() for ext in Image.registered_extensions()}
+    found: list[Path] = []
+    for given in paths:
+        path = Path(given).expanduser()
+        if path.is_dir():
+            found += sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file() and p.suffix.lower() in extensions and not p.name.startswith(".")
+            )
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"input {str(given)!r}: no such file or folder")
+    return found
+
+
+def as_image(item: Any) -> Image.Image:
+    """A file path, PIL image or ``(C, H, W)`` tensor (uint8, or float in [0, 1]) as an RGB image."""
+    if isinstance(item, str | Path):
+        with Image.open(item) as image:
+            image.load()
+            return image.convert("RGB")
+    if isinstance(item, Image.Image):
+        return item.convert("RGB")
+    if isinstance(item, Tensor):
+        if item.dim() != 3:
+            raise ValueError(f"an image tensor is (C, H, W), got shape {tuple(item.shape)}")
+        if item.is_floating_point():
+            item = (item.clamp(0, 1) * 255).round().to(torch.uint8)
+        return to_pil_image(item.cpu()).convert("RGB")
+    raise TypeError(f"cannot read an image from {type(item).__name__}: give a path, a PIL image or a tensor")
+
+
+def describe(item: Any, index: int) -> str:
+    """What to call an input in results and messages."""
+    return str(item) if isinstance(item, str | Path) else f"input[{index}]"
+
+
+class InputImages(Dataset):
+    """Inputs decoded and preprocessed one by one; an unreadable one is ``(index, None, reason)``."""
+
+    def __init__(self, items: Sequence[Any], preprocessing: Preprocessing) -> None:
+        self.items, self.preprocessing = list(items), preprocessing
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[int, Any, Any]:
+        try:
+            image = as_image(self.items[index])
+        except UNREADABLE as err:
+            return index, None, f"not a readable image ({err})"
+        return index, *self.preprocessing(image)
+
+
+def collate(batch: list[tuple[int, Any, Any]]) -> tuple[list[int], Tensor | None, list[Placement], list]:
+    """The readable inputs stacked, their placements, and the unreadable ones with the reason."""
+    kept = [b for b in batch if b[1] is not None]
+    images = torch.stack([b[1] for b in kept]) if kept else None
+    return [b[0] for b in kept], images, [b[2] for b in kept], [(b[0], b[2]) for b in batch if b[1] is None]
+
+
+@dataclass
+class Prediction:
+    """One input's prediction: ``result`` (None when the input was skipped, ``skipped`` says why)."""
+
+    index: int
+    source: str
+    result: dict[str, Any] | None
+    skipped: str | None = None
+    image: Tensor | None = None  # the network input, when asked for (token-map pictures)
+    layout_boxes: list[list[int]] | None = None
+
+
+def questions_for(questions: Any, items: Sequence[Any], indices: Sequence[int]) -> list[list[str]] | None:
+    """Each image's questions: one list for every image, or one list per input (in input order)."""
+    if questions is None:
+        return None
+    if isinstance(questions, str):
+        return [[questions] for _ in indices]
+    questions = list(questions)
+    if questions and all(isinstance(q, str) for q in questions):
+        return [list(questions) for _ in indices]
+    if len(questions) != len(items):
+        raise ValueError(f"questions: give one list for every image or one list per input ({len(items)})")
+    return [list(questions[i]) for i in indices]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one prediction run calls the model (see `predict`)."""
+
+    budget: float | None = None
+    max_fraction: float | None = None
+    policy: str | None = None
+    questions: Any = None
+    top_k: int = 5
+    return_layout: bool = False
+    keep_images: bool = False
+
+
+def as_items(inputs: Any) -> list[Any]:
+    """One input or a sequence of them (a ``(B, C, H, W)`` tensor is B inputs)."""
+    if isinstance(inputs, Tensor):
+        return list(inputs) if inputs.dim() == 4 else [inputs]
+    return [inputs] if isinstance(inputs, str | Path | Image.Image) else list(inputs)
+
+
+@torch.inference_mode()
+def iter_predictions(
+    model: Any, inputs: Any, batch_size: int = 32, num_workers: int = 0, **options: Any
+) -> Iterator[Prediction]:
+    """Predictions in input order, batch by batch (see `predict`); skipped inputs come with the reason."""
+    items = as_items(inputs)
+    run = RunOptions(**options)
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size}: must be at least 1")
+    policy = model.check_policy(run.policy)
+    if run.budget is not None and policy == "learned":
+        model.tokenizer.operating_points.check(run.budget, "budget")
+    if run.max_fraction is not None:
+        model.cap_tokens(run.max_fraction, "max_fraction")
+    loader = DataLoader(
+        InputImages(items, model.preprocessing),
+        batch_size=batch_size,
+        num_workers=num_workers,
+        collate_fn=collate,
+    )
+    device = next(model.parameters()).device
+    for indices, images, placements, unreadable in loader:
+        done = {i: Prediction(i, describe(items[i], i), None, skipped=reason) for i, reason in unreadable}
+        if images is not None:
+            batch = predict_batch(model, items, indices, images.to(device), placements, run)
+            done.update((p.index, p) for p in batch)
+        yield from (done[i] for i in sorted(done))
+
+
+def predict_batch(
+    model: Any,
+    items: Sequence[Any],
+    indices: Sequence[int],
+    images: Tensor,
+    placements: Sequence[Placement],
+    run: RunOptions,
+) -> list[Prediction]:
+    """One batch through the deployed path, and its results."""
+    outputs, layout = model(images, budget=run.budget, max_fraction=run.max_fraction, policy=run.policy)
+    extra = {"questions": questions_for(run.questions, items, indices)} if model.task == "vqa" else {}
+    results = model.results(outputs, placements, top_k=run.top_k, **extra)
+    with_boxes = run.return_layout or run.keep_images
+    boxes = layout.split(layout.boxes * model.levels.finest) if with_boxes else None
+    levels = layout.split(layout.level) if with_boxes else None
+    out = []
+    for row, (index, result) in enumerate(zip(indices, results, strict=True)):
+        result = {"tokens": int(layout.seqlens[row]), "token_fraction": float(layout.fraction[row]), **result}
+        tokens = None
+        if boxes is not None:  # token boxes in network-input pixels, with their level
+            tokens = [[*b, lv] for b, lv in zip(boxes[row].tolist(), levels[row].tolist(), strict=True)]
+            if run.return_layout:
+                result["layout"] = tokens
+        image = images[row] if run.keep_images else None
+        out.append(Prediction(index, describe(items[index], index), result, image=image, layout_boxes=tokens))
+    return out
+
+
+def predict(model: Any, inputs: Any, **options: Any) -> list[dict[str, Any]]:
+    """One result per input, in order: file paths, PIL images or ``(C, H, W)`` / ``(B, C, H, W)``
+    tensors, each resized as the model's preprocessing says and its outputs mapped back to its own
+    pixels.
+
+    Args:
+        model: a `SplitModel`.
+        inputs: one input or a sequence of them.
+        budget: token budget (default: the model's).
+        max_fraction: a hard per-image cap on the token fraction (default: the model's).
+        policy: ``learned | uniform | entropy | random`` (default: the trained one).
+        batch_size: images per forward pass.
+        num_workers: DataLoader workers decoding and preprocessing.
+        questions: VQA: one list of questions for every image, or one list per input.
+        top_k: classification: classes per result.
+        return_layout: add each image's token boxes and levels.
+
+    Returns:
+        per input: ``tokens``, ``token_fraction`` and the task's fields (classification ``class``,
+        ``probability``, ``top_k``; detection ``boxes`` xyxy in the input's pixels, ``scores``,
+        ``labels``, ``category_ids``, ``names``; segmentation ``mask`` (H, W); VQA ``answers``).
+        An unreadable input gives ``{"source": ..., "skipped": reason}`` with a warning.
+    """
+    out: list[dict[str, Any]] = []
+    for prediction in iter_predictions(model, inputs, **options):
+        if prediction.result is None:
+            warnings.warn(f"skipping {prediction.source}: {prediction.skipped}", stacklevel=2)
+            out.append({"source": prediction.source, "skipped": prediction.skipped})
+        else:
+            out.append(prediction.result)
+    return out

@@ -1,0 +1,312 @@
+"""The four deployable models: what each task's head is, how it reads the backbone, and how its
+outputs become results in the input images' own pixels."""
+
+from __future__ import annotations
+
+import shutil
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from splitlab.backbone import PackedFeatures
+from splitlab.heads import DetectionHead, SegmentationHead, SimpleFeaturePyramid, VQAHead
+from splitlab.heads.vqa import PROMPT, LanguageBridge, build_language_model, build_tokenizer, with_lora
+from splitlab.model.base import SplitModel
+from splitlab.model.preprocess import Placement, Preprocessing
+
+# `DetectionHead`'s own settings
+DETECTION_HEAD = (
+    "num_classes",
+    "detector",
+    "anchor_sizes",
+    "aspect_ratios",
+    "representation_size",
+    "detector_kwargs",
+)
+
+
+def _pick(settings: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    return {k: settings[k] for k in keys if k in settings and settings[k] is not None}
+
+
+class SplitClassifier(SplitModel):
+    """Classification with the timm model's own head (CLS token or mean pool).
+
+    Head settings: ``num_classes`` (None keeps the timm model's head), ``global_pool``
+    (``token`` / ``avg``; None keeps the model's).
+    """
+
+    task = "classification"
+    head_keys = ("num_classes", "global_pool")
+
+    def build_head(self, settings: dict[str, Any]) -> None:
+        model = self.backbone.model
+        pool = settings.get("global_pool") or model.global_pool
+        if pool not in ("token", "avg"):
+            raise ValueError(f"global_pool={pool!r}: expected 'token' or 'avg'")
+        classes = settings.get("num_classes")
+        classes = model.num_classes if classes is None else int(classes)
+        if classes != model.num_classes or pool != model.global_pool:
+            model.reset_classifier(classes, pool)
+        if model.num_classes < 1:
+            raise ValueError(f"backbone {self.config['backbone']!r} has no classifier: set num_classes")
+        return None
+
+    def default_preprocessing(self) -> Preprocessing:
+        cfg = self.backbone.data_config
+        return Preprocessing(
+            self.backbone.img_size[0],
+            tuple(cfg["mean"]),
+            tuple(cfg["std"]),
+            resize="crop",
+            interpolation=cfg.get("interpolation", "bicubic"),
+            crop_pct=float(cfg.get("crop_pct", 1.0)),
+        )
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.backbone.model.num_classes)
+
+    def forward_task(self, features: PackedFeatures) -> Tensor:
+        return self.backbone.forward_head(features)
+
+    def results(
+        self, outputs: Tensor, placements: Sequence[Placement], top_k: int = 5, **_: Any
+    ) -> list[dict]:
+        probs = outputs.float().softmax(-1)
+        values, indices = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+        out = []
+        for vals, idx in zip(values.tolist(), indices.tolist(), strict=True):
+            ranked = [
+                {"class": self.name_of(i), "index": i, "probability": v}
+                for i, v in zip(idx, vals, strict=True)
+            ]
+            out.append(
+                {"class": ranked[0]["class"], "index": idx[0], "probability": vals[0], "top_k": ranked}
+            )
+        return out
+
+    def name_of(self, index: int) -> str:
+        """The class name of an output index (its number as text where the model has no names)."""
+        return self.names[index] if self.names and index < len(self.names) else str(index)
+
+
+class DenseModel(SplitModel):
+    """A model whose head reads a ViTDet-style simple feature pyramid from chosen blocks."""
+
+    def pyramid(self, settings: dict[str, Any]) -> SimpleFeaturePyramid:
+        return SimpleFeaturePyramid.for_backbone(
+            self.backbone, settings.get("pyramid_channels", 256), settings.get("pyramid_indices")
+        )
+
+    def backbone_indices(self) -> list[int]:
+        return self.head.pyramid.indices
+
+
+class SplitDetector(DenseModel):
+    """Detection: feature pyramid + torchvision's Faster / Mask R-CNN heads (`DetectionHead`).
+
+    Head settings: `DetectionHead`'s (``num_classes``, ``detector``, ``anchor_sizes``,
+    ``aspect_ratios``, ``representation_size``, ``detector_kwargs``), the pyramid's
+    (``pyramid_channels``, ``pyramid_indices``) and ``category_ids`` (the dataset's id of labels
+    1..K, for COCO results files). ``names[k - 1]`` names label k (0 is torchvision's background).
+    """
+
+    task = "detection"
+    head_keys = (*DETECTION_HEAD, "pyramid_channels", "pyramid_indices", "category_ids")
+
+    def build_head(self, settings: dict[str, Any]) -> DetectionHead:
+        patch = self.backbone.patch_size
+        if patch & (patch - 1):
+            raise ValueError(
+                f"a {patch}-px patch gives pyramid strides {patch / 4:g}-{patch * 2:g} px, but torchvision's "
+                "RoIAlign and anchors assume powers of two (boxes would be read 12% off): set "
+                "model.init_args.backbone_kwargs.patch_size=16 (timm resamples the patch embedding)"
+            )
+        return DetectionHead(
+            self.pyramid(settings), img_size=self.backbone.img_size, **_pick(settings, DETECTION_HEAD)
+        )
+
+    def category_id(self, label: int) -> int:
+        """The dataset's category id of a label (1..K; 0 is torchvision's background); the label
+        itself without a table."""
+        ids = self.config["head"].get("category_ids")
+        return int(ids[label - 1]) if ids and 0 < label <= len(ids) else int(label)
+
+    def name_of(self, label: int) -> str:
+        """The category name of a label (1..K), its number as text where the model has no names."""
+        return self.names[label - 1] if self.names and 0 < label <= len(self.names) else str(label)
+
+    def results(self, outputs: dict[str, Any], placements: Sequence[Placement], **_: Any) -> list[dict]:
+        out = []
+        for det, place in zip(self.head.detect(outputs), placements, strict=True):
+            labels = det["labels"].tolist()
+            out.append(
+                {
+                    "boxes": place.boxes_to_input(det["boxes"]).tolist(),
+                    "scores": det["scores"].float().tolist(),
+                    "labels": labels,
+                    "category_ids": [self.category_id(x) for x in labels],
+                    "names": [self.name_of(x) for x in labels],
+                }
+            )
+        return out
+
+    def one_image(self, outputs: dict[str, Any], index: int) -> dict[str, Any]:
+        """The outputs of image ``index`` alone."""
+        return {
+            "features": OrderedDict((k, v[index : index + 1]) for k, v in outputs["features"].items()),
+            "image_sizes": outputs["image_sizes"][index : index + 1],
+        }
+
+
+class SplitSegmenter(DenseModel):
+    """Semantic segmentation: feature pyramid + an mmseg decode head (`SegmentationHead`).
+
+    Head settings: ``num_classes``, ``decode_head``, ``auxiliary_head`` and the pyramid's.
+    """
+
+    task = "segmentation"
+    head_keys = ("num_classes", "decode_head", "auxiliary_head", "pyramid_channels", "pyramid_indices")
+
+    def build_head(self, settings: dict[str, Any]) -> SegmentationHead:
+        return SegmentationHead(
+            self.pyramid(settings),
+            int(settings.get("num_classes", 150)),
+            settings.get("decode_head"),
+            settings.get("auxiliary_head"),
+        )
+
+    def default_preprocessing(self) -> Preprocessing:
+        cfg = self.backbone.data_config
+        return Preprocessing(
+            self.backbone.img_size[0], tuple(cfg["mean"]), tuple(cfg["std"]), pad_fill="black"
+        )
+
+    def results(self, outputs: dict[str, Tensor], placements: Sequence[Placement], **_: Any) -> list[dict]:
+        """A label mask per image at the input's own size: logits upsampled to the network input, the
+        image's region cut out of the letterbox, resized (bilinear) to the input, then argmax."""
+        size = self.backbone.img_size
+        logits = F.interpolate(outputs["logits"].float(), size=size, mode="bilinear", align_corners=False)
+        out = []
+        for row, place in zip(logits, placements, strict=True):
+            h, w = place.resized
+            region = row[:, place.top : place.top + h, place.left : place.left + w]
+            mask = F.interpolate(
+                region[None], size=(place.height, place.width), mode="bilinear", align_corners=False
+            )[0].argmax(0)
+            present = mask.unique().tolist()
+            names = [self.names[c] if self.names and c < len(self.names) else str(c) for c in present]
+            out.append({"mask": mask, "classes_present": present, "names": names})
+        return out
+
+
+class SplitVQA(SplitModel):
+    """VQA, LLaVA-style: one block's tokens (no CLS) in raster order -> projector -> causal LM.
+
+    Head settings: ``lm`` (hub name, folder or config dict), ``tokenizer`` (hub name / folder or a
+    ``vocab.json`` word list), ``prompt``, ``feature_block``, ``token_order``, ``raster_anchor``,
+    ``max_new_tokens``, ``train_lm`` (the LM was fine-tuned: float32, saved), ``lora``.
+    """
+
+    task = "vqa"
+    head_keys = (
+        "lm",
+        "tokenizer",
+        "prompt",
+        "feature_block",
+        "token_order",
+        "raster_anchor",
+        "max_new_tokens",
+        "train_lm",
+        "lora",
+    )
+
+    def build_head(self, settings: dict[str, Any]) -> VQAHead:
+        lm = settings.get("lm", "llava-hf/llava-1.5-7b-hf")
+        text = build_tokenizer(settings.get("tokenizer", "llava-hf/llava-1.5-7b-hf"))
+        train_lm = bool(settings.get("train_lm", False))
+        language, projector = build_language_model(
+            lm, vocab_size=len(text), dtype=torch.float32 if train_lm else None
+        )
+        depth = self.backbone.depth
+        block = int(settings.get("feature_block", -2))
+        if not -depth <= block < depth:
+            raise ValueError(f"feature_block={block} out of range for a {depth}-block backbone")
+        if projector and projector["0.weight"].shape[1] != self.backbone.embed_dim:
+            raise ValueError(
+                f"lm={lm!r}: its projector reads {projector['0.weight'].shape[1]}-wide features, the backbone "
+                f"{self.config['backbone']!r} gives {self.backbone.embed_dim}"
+            )
+        lora = settings.get("lora")
+        if lora is not None and train_lm:
+            raise ValueError(
+                f"train_lm=True with lora={lora}: choose one (LoRA trains adapters of a frozen LM)"
+            )
+        language.requires_grad_(train_lm)
+        if lora is not None:
+            language = with_lora(language, dict(lora))
+        bridge = LanguageBridge(
+            language, text, settings.get("prompt", PROMPT), int(settings.get("max_new_tokens", 8))
+        )
+        return VQAHead(
+            self.backbone.embed_dim,
+            bridge,
+            settings.get("token_order", "raster"),
+            settings.get("raster_anchor", "corner"),
+            projector,
+        )
+
+    def backbone_indices(self) -> list[int]:
+        return [int(self.config["head"].get("feature_block", -2)) % self.backbone.depth]
+
+    def forward_task(self, features: PackedFeatures) -> list[Tensor]:
+        return self.head.visual_tokens(features.intermediates[0], features.layout)
+
+    def answer(self, outputs: list[Tensor], questions: Sequence[Sequence[str]]) -> list[list[str]]:
+        """Greedy answers to each image's questions."""
+        return self.head.bridge.answer(outputs, questions)
+
+    def rebuilt_keys(self) -> set[str]:
+        """A frozen LM loaded by name or folder comes back identical from there, so saved files leave
+        its weights out (LLaVA-1.5-7B: 13 GB); a trained LM, LoRA adapters and an LM built from a
+        config (random init) are saved."""
+        head = self.config["head"]
+        if head.get("train_lm") or not isinstance(head.get("lm", ""), str):
+            return set()
+        return {f"head.bridge.lm.{k}" for k in self.head.bridge.lm.state_dict() if "lora_" not in k}
+
+    def results(
+        self,
+        outputs: list[Tensor],
+        placements: Sequence[Placement],
+        questions: Sequence[Sequence[str]] | None = None,
+        **_: Any,
+    ) -> list[dict]:
+        if questions is None:
+            raise ValueError("a VQA model answers questions: pass questions (one list per image)")
+        said = self.answer(outputs, questions)
+        return [
+            {"answers": [{"question": q, "answer": a} for q, a in zip(asked, got, strict=True)]}
+            for asked, got in zip(questions, said, strict=True)
+        ]
+
+    def save_files(self, directory: Path, config: dict[str, Any]) -> dict[str, Any]:
+        """A word-list tokenizer (``vocab.json``) is copied next to the weights."""
+        name = config["head"].get("tokenizer", "")
+        if isinstance(name, str) and name.endswith(".json") and Path(name).is_file():
+            shutil.copyfile(name, directory / "vocab.json")
+            config["head"].update(tokenizer="vocab.json", tokenizer_file="vocab.json")
+        return config
+
+    @staticmethod
+    def resolve_files(config: dict[str, Any], fetch: Any) -> dict[str, Any]:
+        head = dict(config.get("head") or {})
+        if head.get("tokenizer_file"):
+            head["tokenizer"] = fetch(head.pop("tokenizer_file"))
+        return {**config, "head": head}

@@ -1,0 +1,117 @@
+"""Export: the deployed path with static shapes equals the eager one, as a `torch.export` program that
+torch alone loads and runs, and what ONNX takes of it."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from splitlab.commands import main
+from splitlab.model import SplitModel
+from splitlab.model.export import StaticSplit, export_program, save_program
+from tests.model.helpers import images, tiny_model
+
+
+@pytest.mark.parametrize("max_fraction", [None, 0.4])
+@pytest.mark.parametrize("task", ["classification", "segmentation"])
+def test_the_static_path_equals_the_eager_one(task, max_fraction) -> None:
+    model = tiny_model(task)
+    x = images(6)
+    with torch.no_grad():
+        eager, layout = model(x, max_fraction=max_fraction)
+        static, counts = StaticSplit(model, max_fraction=max_fraction).eval()(x)
+    expected = eager if task == "classification" else eager["logits"]
+    assert counts.tolist() == layout.seqlens
+    assert (static - expected).abs().max() < 1e-5
+    if max_fraction is not None:
+        assert max(layout.seqlens) <= int(max_fraction * 64)
+
+
+def test_a_saved_program_runs_with_torch_alone(tmp_path) -> None:
+    model = tiny_model("classification", max_fraction=0.5)
+    x = images(5)
+    program = export_program(model, x[:2])
+    path = save_program(program, tmp_path / "model.pt2", model.export_config())
+    loaded = torch.export.load(str(path))
+    with torch.no_grad():
+        expected, layout = model(x)
+        got, counts = loaded.module()(x)  # another batch size than the example's
+    assert (got - expected).abs().max() < 1e-5 and counts.tolist() == layout.seqlens
+
+
+def test_export_command_writes_each_format(tmp_path, capsys) -> None:
+    model = tiny_model("classification")
+    model.save_pretrained(tmp_path / "model")
+    for fmt, written in (("hf", "model.safetensors"), ("pt2", "model.pt2")):
+        with pytest.raises(SystemExit) as stop:
+            main(["export", str(tmp_path / "model"), "--out", str(tmp_path / fmt), "--format", fmt])
+        assert stop.value.code == 0 and (tmp_path / fmt / written).is_file()
+    with pytest.raises(SystemExit) as stop:  # the deployed budget and cap can be set on the way out
+        main(
+            [
+                "export",
+                str(tmp_path / "model"),
+                "--out",
+                str(tmp_path / "cap"),
+                "--budget",
+                "0.3",
+                "--max-fraction",
+                "0.4",
+            ]
+        )
+    assert stop.value.code == 0
+    capped = SplitModel.from_pretrained(tmp_path / "cap")
+    assert capped.budget == 0.3 and capped.max_tokens == int(0.4 * 64)
+    with pytest.raises(SystemExit) as stop:  # nothing overwritten
+        main(["export", str(tmp_path / "model"), "--out", str(tmp_path / "pt2"), "--format", "pt2"])
+    assert stop.value.code == 2 and "already holds model.pt2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(
+            [
+                "export",
+                str(tmp_path / "model"),
+                "--out",
+                str(tmp_path / "det"),
+                "--format",
+                "pt2",
+                "--max-fraction",
+                "0.01",
+            ]
+        )
+    assert stop.value.code == 2 and "max_fraction" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("onnxscript") is None or importlib.util.find_spec("onnxruntime") is None,
+    reason="ONNX export needs onnx, onnxscript and onnxruntime (pip install 'splitlab[export]')",
+)
+def test_onnx_takes_the_uncapped_path_and_names_what_the_cap_needs(tmp_path, capsys) -> None:
+    import onnxruntime
+
+    model = tiny_model("classification")
+    model.save_pretrained(tmp_path / "model")
+    with pytest.raises(SystemExit) as stop:
+        main(["export", str(tmp_path / "model"), "--out", str(tmp_path / "onnx"), "--format", "onnx"])
+    assert stop.value.code == 0
+    session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"))
+    x = images(2)
+    got, counts = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        expected, layout = model(x)
+    assert abs(got - expected.numpy()).max() < 1e-4 and counts.tolist() == layout.seqlens
+    with pytest.raises(SystemExit) as stop:
+        main(
+            [
+                "export",
+                str(tmp_path / "model"),
+                "--out",
+                str(tmp_path / "capped"),
+                "--format",
+                "onnx",
+                "--max-fraction",
+                "0.5",
+            ]
+        )
+    assert stop.value.code == 2 and "aten.sort.stable" in capsys.readouterr().err

@@ -1,0 +1,149 @@
+"""`SplitModel`: the deployed path of every task, its policies and cap, and the Hugging Face round trip."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import splitlab
+from splitlab.model import SplitModel, load
+from tests.model.helpers import images, tiny_model
+
+TASKS = ("classification", "detection", "segmentation", "vqa")
+
+
+def flat(outputs) -> list[torch.Tensor]:
+    """Every tensor in a task's outputs (dicts, lists, nested)."""
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    if isinstance(outputs, dict):
+        return [t for v in outputs.values() for t in flat(v)]
+    if isinstance(outputs, list | tuple):
+        return [t for v in outputs for t in flat(v)]
+    return []
+
+
+def test_importing_the_model_imports_no_lightning() -> None:
+    code = (
+        "import sys, splitlab, splitlab.model; splitlab.load; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning', 'torchmetrics')); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_save_pretrained_round_trip_is_bit_identical(task, tmp_path) -> None:
+    model = tiny_model(task, tmp_path)
+    x = images()
+    with torch.no_grad():
+        out, layout = model(x, budget=0.4)
+    model.save_pretrained(tmp_path / "saved")
+    assert {p.name for p in (tmp_path / "saved").iterdir()} >= {"config.json", "model.safetensors"}
+    again = SplitModel.from_pretrained(tmp_path / "saved")
+    assert type(again) is type(model) and not again.training
+    assert again.names == model.names and again.preprocessing == model.preprocessing
+    with torch.no_grad():
+        out2, layout2 = again(x, budget=0.4)
+    assert layout2.seqlens == layout.seqlens and torch.equal(layout2.boxes, layout.boxes)
+    assert all(torch.equal(a, b) for a, b in zip(flat(out), flat(out2), strict=True))
+    assert torch.equal(layout2.tokens, layout.tokens)
+
+
+def test_load_takes_a_save_pretrained_folder_and_refuses_what_it_cannot_read(tmp_path) -> None:
+    model = tiny_model("classification")
+    model.save_pretrained(tmp_path / "saved")
+    assert isinstance(splitlab.load(tmp_path / "saved"), type(model))
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        load(tmp_path / "nothing" / "here")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="neither config.json"):
+        load(tmp_path / "empty")
+    torch.save({"weights": 1}, tmp_path / "other.ckpt")
+    with pytest.raises(ValueError, match="not written by a splitlab task"):
+        load(tmp_path / "other.ckpt")
+    (tmp_path / "cut.ckpt").write_bytes(b"PK\x03\x04 not a whole file")
+    with pytest.raises(ValueError, match="truncated or not a checkpoint"):
+        load(tmp_path / "cut.ckpt")
+
+
+def test_policies_budgets_and_the_cap() -> None:
+    model = tiny_model("classification")
+    x = images(16)
+    with torch.no_grad():
+        uniform = model.layout(x, policy="uniform")
+        low, high = model.layout(x, budget=0.3), model.layout(x, budget=0.7)
+        random = model.layout(x, policy="random", budget=0.5)
+        capped = model.layout(x, budget=0.7, max_fraction=0.4)
+    assert float(uniform.fraction.min()) == 1.0
+    assert float(low.fraction.mean()) < float(high.fraction.mean())  # the policy reads its budget
+    assert abs(float(random.fraction.mean()) - 0.5) < 0.1
+    assert float(capped.fraction.max()) <= 0.4 < float(high.fraction.max())
+    with pytest.raises(ValueError, match=r"budget=0.9: this policy was trained for budgets \[0.3, 0.7\]"):
+        model.layout(x, budget=0.9)
+    with pytest.raises(ValueError, match="policy='best'"):
+        model(x, policy="best")
+
+
+def test_a_model_with_a_cap_caps_its_own_policy_not_comparison_rows() -> None:
+    model = tiny_model("classification", max_fraction=0.4)
+    x = images(16)
+    with torch.no_grad():
+        deployed = model.layout(x, budget=0.7)
+        row = model.layout(x, budget=0.7, policy="random")
+    assert float(deployed.fraction.max()) <= 0.4 < float(row.fraction.max())
+
+
+def test_a_checkpoint_of_a_task_loads_as_its_model(tmp_path) -> None:
+    """What `splitlab.load` reads from a training checkpoint: the model config it records, or, for a
+    checkpoint written before the model existed (keys at the task's top level, no config), its task
+    and data settings."""
+    from splitlab.tasks import ClassificationTask
+    from tests.tasks.test_per_image_loss import TINY
+
+    task = ClassificationTask(num_classes=4, budgets=[0.3, 0.7], **TINY).eval()
+    torch.nn.init.normal_(task.model.tokenizer.decision.mlp.fc2.weight, std=1.0)
+    task.model.names = ["a", "b", "c", "d"]
+    checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
+    task.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, tmp_path / "new.ckpt")
+    old = {
+        "state_dict": {k.removeprefix("model."): v for k, v in task.state_dict().items()},
+        "hyper_parameters": dict(task.hparams),
+        "datamodule_hyper_parameters": {
+            "img_size": 64,
+            "mean": [0.5] * 3,
+            "std": [0.25] * 3,
+            "crop_pct": 1.0,
+        },
+        "splitlab": {"task_class": "splitlab.tasks.classification.ClassificationTask", "stage": "ppo"},
+        "pytorch-lightning_version": "2.6.0",
+    }
+    torch.save(old, tmp_path / "old.ckpt")
+    x = images()
+    with torch.no_grad():
+        expected, layout = task(x)
+        for name in ("new.ckpt", "old.ckpt"):
+            model = load(tmp_path / name)
+            out, again = model(x)
+            assert torch.equal(out, expected) and again.seqlens == layout.seqlens, name
+        resumed = ClassificationTask.load_from_checkpoint(tmp_path / "old.ckpt").eval()  # Lightning's way in
+        assert torch.equal(resumed(x)[0], expected)
+    assert load(tmp_path / "new.ckpt").names == ["a", "b", "c", "d"]
+    run = tmp_path / "run" / "checkpoints"  # a run folder deploys its newest last*.ckpt
+    run.mkdir(parents=True)
+    (run / "last.ckpt").write_bytes((tmp_path / "old.ckpt").read_bytes())
+    (run / "last-v1.ckpt").write_bytes((tmp_path / "new.ckpt").read_bytes())
+    os.utime(run / "last.ckpt", (1, 1))
+    assert load(run.parent).names == ["a", "b", "c", "d"]
+    legacy = load(tmp_path / "old.ckpt")
+    assert legacy.preprocessing.mean == (0.5, 0.5, 0.5) and legacy.preprocessing.resize == "crop"
+    old["splitlab"]["task_class"] = "my.tasks.CustomTask"
+    torch.save(old, tmp_path / "custom.ckpt")
+    with pytest.raises(ValueError, match="does not record"):
+        load(tmp_path / "custom.ckpt")
