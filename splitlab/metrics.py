@@ -89,7 +89,7 @@ class FineCoverage(Metric):
     def __init__(self, cell: int, ignore_index: int = 255, background: Sequence[int] = (), **kwargs) -> None:
         super().__init__(**kwargs)
         self.cell, self.ignore_index, self.background = cell, ignore_index, tuple(background)
-        for name in ("object_fine", "object_total", "boundary_fine", "boundary_total"):
+        for name in ("object_fine", "object_total", "boundary_fine", "boundary_total", "labelled"):
             self.add_state(name, torch.tensor(0.0), dist_reduce_fx="sum")
 
     def update(self, layout: TokenLayout, masks: Tensor) -> None:
@@ -100,6 +100,7 @@ class FineCoverage(Metric):
                 size=(fine.shape[1] * self.cell, fine.shape[2] * self.cell),
                 mode="nearest",
             )[:, 0].long()
+        self.labelled += (masks != self.ignore_index).sum()
         is_object, boundary = cell_classes(masks, self.cell, self.ignore_index, self.background)
         self.object_fine += (fine & is_object).sum()
         self.object_total += is_object.sum()
@@ -107,9 +108,14 @@ class FineCoverage(Metric):
         self.boundary_total += boundary.sum()
 
     def compute(self) -> dict[str, Tensor]:
+        """Coverage of object and boundary cells (NaN where there are none), and the labelled pixels."""
+        nan = torch.tensor(float("nan"), device=self.labelled.device)
         return {
-            "object_fine_coverage": self.object_fine / self.object_total.clamp(min=1),
-            "boundary_fine_coverage": self.boundary_fine / self.boundary_total.clamp(min=1),
+            "object_fine_coverage": self.object_fine / self.object_total if self.object_total > 0 else nan,
+            "boundary_fine_coverage": self.boundary_fine / self.boundary_total
+            if self.boundary_total > 0
+            else nan,
+            "labelled_pixels": self.labelled,
         }
 
 

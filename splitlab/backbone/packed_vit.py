@@ -161,7 +161,16 @@ def create_vit(model_name: str, pretrained: bool = False, checkpoint_path: str =
     if pretrained and checkpoint_path:
         overlay = {**kwargs.pop("pretrained_cfg_overlay", {}), "file": checkpoint_path, "source": ""}
         return timm.create_model(model_name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
-    return timm.create_model(model_name, pretrained=pretrained, checkpoint_path=checkpoint_path, **kwargs)
+    try:
+        return timm.create_model(model_name, pretrained=pretrained, checkpoint_path=checkpoint_path, **kwargs)
+    except OSError as err:  # the hub unreachable (or offline) and no cached copy: name the ways out
+        if not pretrained:
+            raise
+        raise OSError(
+            f"model_name={model_name!r}: its pretrained weights could not be loaded ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:160]}); on a machine without the hub set model.init_args.checkpoint_path "
+            "to a local weights file, or fill the Hugging Face cache elsewhere and set HF_HUB_OFFLINE=1"
+        ) from err
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:

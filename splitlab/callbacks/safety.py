@@ -149,13 +149,18 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
         self.retries, self.wait = retries, wait
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        """Write to ``<path>.partial``, then rename it to ``path``: a save that fails half-way (a full
+        disk) leaves the previous checkpoint whole, never a truncated one under its name."""
         target = str(path)
+        partial = f"{target}.partial"
         fs = get_filesystem(target)  # a local folder, or s3://, gs://, ... as Lightning writes them
         problem: BaseException | str = "nothing was written"
         for attempt in range(self.retries + 1):
             before = _file_info(fs, target)
             try:
-                super().save_checkpoint(checkpoint, path, storage_options)
+                super().save_checkpoint(checkpoint, partial, storage_options)
+                if _file_info(fs, partial) is not None:
+                    fs.mv(partial, target)
             except OSError as err:
                 problem = err
             else:
@@ -165,6 +170,7 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
                 if after is not None and after.get("size", 0) > 0 and after != before:
                     return
                 problem = "nothing was written"
+            _remove(fs, partial)
             if attempt < self.retries:
                 time.sleep(self.wait)
         raise OSError(
@@ -172,6 +178,15 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
             "silently: make the checkpoint folder writable (or point ModelCheckpoint's dirpath elsewhere) and "
             "resume from the last checkpoint"
         )
+
+
+def _remove(fs: Any, path: str) -> None:
+    """Delete a half-written file, if there is one (a full disk may refuse even that: then it stays)."""
+    try:
+        if fs.exists(path):
+            fs.rm(path)
+    except OSError:
+        pass
 
 
 class AgreedCheckpointSave:

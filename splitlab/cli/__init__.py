@@ -14,7 +14,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from splitlab.callbacks import (
     AgreedCheckpointSave,
@@ -27,6 +27,14 @@ from splitlab.callbacks import (
 )
 from splitlab.cli.checkpoints import keep_csv_history, logged_step, reconcile, reconcile_data
 from splitlab.cli.errors import reporting_errors, user_error
+from splitlab.cli.runs import (
+    evaluation_folder,
+    lock_run,
+    logger_folder,
+    rank_from_environment,
+    refuse_taken,
+    release_runs,
+)
 from splitlab.tasks import SplitTask, read_checkpoint
 
 __all__ = ["SplitLabCLI", "lightning_main", "main", "reporting_errors", "stop_code", "user_error"]
@@ -135,40 +143,50 @@ class SplitLabCLI(LightningCLI):
                 f"ckpt_path={which}: no checkpoint under {base} (searched {len(folders)} run folder(s)); "
                 "nothing to resume: run without --ckpt_path to start, or give the checkpoint file"
             )
-        newest = max(found, key=lambda p: p.stat().st_mtime)
+        newest = self._newest_readable(sorted(found, key=lambda p: p.stat().st_mtime), which)
         if named is not None and newest.parent.parent.parent == base:
             named.version = newest.parent.parent.name  # the logger continues in the resumed run's folder
         rank_zero_info(f"splitlab: ckpt_path={which}: resuming from {newest}")
         self.config[subcommand]["ckpt_path"] = str(newest)
         return str(newest)
 
-    def before_instantiate_classes(self) -> None:
-        if self.subcommand == "predict":
-            self._predict_into_own_folder()
-
-    def _predict_into_own_folder(self) -> None:
-        """``predict`` writes (``config.yaml``, ``layouts.jsonl``, results) into a folder of its own.
-
-        The recipes' loggers name a fixed run folder, the fit's: predicting there replaced the fit's
-        ``config.yaml`` and had Lightning's CSV writer delete its ``metrics.csv``. When the logger's
-        folder exists, predict writes to ``<it>/predict/`` instead (``predict-1/``, ... when that
-        exists too), so nothing of an earlier run is touched.
-        """
-        named = getattr(self.config["predict"]["trainer"].get("logger"), "init_args", None)
-        if named is None or named.get("save_dir") is None or named.get("version") is None:
-            return  # Lightning's own choice: a new version_N every run
-        version = named.version if isinstance(named.version, str) else f"version_{named.version}"
-        run = Path(named.save_dir) / (named.get("name") or "") / version
-        if not run.exists():
-            return
-        count = 0
-        while (run / ("predict" if count == 0 else f"predict-{count}")).exists():
-            count += 1
-        folder = "predict" if count == 0 else f"predict-{count}"
-        named.version = str(Path(version) / folder) if version else folder
-        rank_zero_info(
-            f"splitlab: predict writes into {run / folder} (the run folder {run} is left as it is)"
+    @staticmethod
+    def _newest_readable(found: list[Path], which: str) -> Path:
+        """The newest checkpoint that reads (its header: the weights are not loaded), warning about
+        each newer one that does not (a save that a crash or a full disk cut short)."""
+        for path in reversed(found):
+            try:
+                read_checkpoint(path, "ckpt_path", weights_only=True, mmap=True)
+            except (ValueError, OSError) as err:
+                rank_zero_warn(f"splitlab: ckpt_path={which}: skipping {path}, which does not read ({err})")
+                continue
+            return path
+        raise FileNotFoundError(
+            f"ckpt_path={which}: none of the {len(found)} checkpoint(s) found reads (the newest: {found[-1]}); "
+            "give a checkpoint file, or run without --ckpt_path to start afresh"
         )
+
+    def before_instantiate_classes(self) -> None:
+        """One run, one folder (`splitlab.cli.runs`): a fresh fit into a folder that holds a run is
+        refused, a fit locks its folder, and validate / test / predict write into a subfolder of
+        the run they read, never over its files."""
+        subcommand = self.subcommand
+        if subcommand is None:  # built without running (run=False): nothing will be written
+            return
+        trainer = self.config[subcommand]["trainer"]
+        if subcommand in ("validate", "test", "predict"):
+            folder = evaluation_folder(trainer, subcommand)
+            if folder is not None:
+                rank_zero_info(
+                    f"splitlab: {subcommand} writes into {folder} (the run in {folder.parent} is left as it is)"
+                )
+            return
+        run = logger_folder(trainer) if subcommand == "fit" else None
+        if run is None or rank_from_environment() != 0:
+            return
+        if not self.config[subcommand].get("ckpt_path"):  # a resume continues the run in its folder
+            refuse_taken(run)
+        lock_run(run)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         given = kwargs.get("callbacks", self._get(self.config_init, "trainer", default={}).get("callbacks"))
@@ -219,6 +237,7 @@ def lightning_main(args: Sequence[str] | None = None, run: bool = True) -> Split
         )
     finally:
         sys.argv = argv
+        release_runs()
 
 
 def stop_code(cli: Any) -> int:
@@ -230,7 +249,7 @@ def stop_code(cli: Any) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     """``lightning {fit,validate,test,predict} ...``: errors about settings and files as one line."""
     args = None if argv is None or list(argv) == sys.argv[1:] else list(argv)
-    cli = reporting_errors(lambda: lightning_main(args))
+    cli = reporting_errors(lambda: lightning_main(args), argv=sys.argv[1:] if args is None else args)
     code = stop_code(cli)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # not left to interpreter exit, whose order varies

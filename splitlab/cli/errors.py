@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +59,41 @@ def user_error(error: BaseException) -> BaseException | None:
     return found
 
 
-def reporting_errors(run: Callable[[], Any]) -> Any:
+def config_files(argv: Sequence[str]) -> list[str]:
+    """The ``--config`` / ``-c`` files of a command line."""
+    files, taking = [], False
+    for word in argv:
+        if taking:
+            files.append(word)
+        taking = word in ("--config", "-c")
+        if word.startswith("--config="):
+            files.append(word.split("=", 1)[1])
+    return files
+
+
+def yaml_problem(argv: Sequence[str]) -> str | None:
+    """Which ``--config`` file is not valid YAML, where, and why (jsonargparse names only
+    ``<unicode string>``), or None."""
+    import yaml
+
+    for name in config_files(argv):
+        try:
+            yaml.safe_load(Path(name).read_text())
+        except OSError:
+            continue
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            return f"--config {name}: not valid YAML{where}: {problem}"
+    return None
+
+
+def reporting_errors(run: Callable[[], Any], argv: Sequence[str] = ()) -> Any:
     """Run ``run``; a bad setting or file ends the process with one line on stderr and exit code 2.
 
-    ``SPLITLAB_DEBUG=1`` shows the full traceback instead.
+    ``argv``: the command line, to name a config file that is not valid YAML. ``SPLITLAB_DEBUG=1``
+    shows the full traceback instead.
     """
     try:
         return run()
@@ -71,6 +102,8 @@ def reporting_errors(run: Callable[[], Any]) -> Any:
         if cause is None or os.environ.get("SPLITLAB_DEBUG"):
             raise
         message = str(cause).strip() or type(cause).__name__
+        if "<unicode string>" in message:
+            message = yaml_problem(argv) or message
         if isinstance(cause, KeyError) and cause.args:
             message = str(cause.args[0])
         elif isinstance(cause, FileExistsError | NotADirectoryError) and cause.filename:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from splitlab.commands.arguments import positive_int, seed_value
 
@@ -37,6 +38,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         scenes.add_argument("--train", type=positive_int, default=400, help="training images")
         scenes.add_argument("--val", type=positive_int, default=100, help="validation images")
         scenes.add_argument("--seed", type=seed_value, default=0)
+    vocab = kinds.add_parser(
+        "vqa-vocab", help="vocab.json (a word-level tokenizer's words) of any VQAv2-layout folder"
+    )
+    vocab.add_argument("root", help="the folder with the official questions (and annotations) files")
+    vocab.add_argument(
+        "--splits", nargs="+", default=["train2014", "val2014"], help="question splits to read"
+    )
+    vocab.add_argument(
+        "--prompt", default=None, help="the prompt template, whose words go in too (default LLaVA's)"
+    )
+    vocab.add_argument("--out", default=None, help="where to write (default ROOT/vocab.json)")
     vqa = kinds.add_parser("vqa", help="VQAv2-layout questions on coloured, patterned squares")
     vqa.add_argument("--out", required=True, help="output directory")
     vqa.add_argument("--image-size", type=positive_int, default=128)
@@ -65,8 +77,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
+def vocabulary(args: argparse.Namespace) -> int:
+    """``splitlab data vqa-vocab ROOT``: the word list of a VQAv2-layout folder's questions and answers."""
+    from splitlab.data.vqa import write_vocabulary
+    from splitlab.heads.vqa import PROMPT
+
+    path = write_vocabulary(args.root, args.splits, extra=args.prompt or PROMPT, out=args.out)
+    print(f"wrote {path} ({len(json.loads(path.read_text()))} words)")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     import importlib
+
+    if args.kind == "vqa-vocab":
+        return vocabulary(args)
 
     module, name, written = GENERATORS[args.kind]
     generate = getattr(importlib.import_module(module), name)

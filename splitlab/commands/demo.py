@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,47 @@ def check_reused(data: Path, wanted: dict[str, Any], flag: str) -> None:
         )
 
 
+MARKER = ".splitlab-demo.json"  # what a demo folder was made for: task, seed, background, policy
+FIT_OUTPUTS = ("metrics.csv", "hparams.yaml", "summary.json", "config.yaml", "checkpoints", "token_maps")
+
+
+def claim_out(out: Path, wanted: dict[str, Any]) -> None:
+    """Make ``out`` this demo's folder: refuse one that splitlab demo did not make (a fit's folder,
+    anything else) or made for another policy, naming what is there; record what it is for."""
+    marker = out / MARKER
+    if marker.exists():
+        made = json.loads(marker.read_text() or "{}")
+    elif (out / "data" / ".complete").exists():  # made before the marker: its summary names the policy
+        summary = out / "summary.json"
+        trained = json.loads(summary.read_text()).get("trained_policy") if summary.exists() else None
+        made = {"policy": trained or "learned"}
+    elif out.exists() and any(out.iterdir()):
+        there = ", ".join(sorted(p.name for p in out.iterdir())[:4])
+        raise FileExistsError(
+            f"--out {out}: holds files splitlab demo did not make ({there}); give another --out "
+            "(a demo writes only into a new folder or one of its own)"
+        )
+    else:
+        made = {}
+    if made.get("policy", wanted["policy"]) != wanted["policy"]:
+        raise ValueError(
+            f"--out {out}: a demo of --policy {made['policy']} lives there, not --policy {wanted['policy']}; "
+            f"give another --out (--reuse {out} shares its data and dense backbone)"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(wanted) + "\n")
+
+
+def clear(folder: Path, names: Sequence[str]) -> None:
+    """Remove this demo's own earlier outputs before it writes them again (never a file it did not make)."""
+    for name in names:
+        path = folder / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
 def policy_args(policy: str) -> list[str]:
     """Settings that make ``policy`` the trained one (a fixed policy has no budgets to condition on)."""
     if policy == "learned":
@@ -140,15 +182,17 @@ def run_pipeline(
     out = Path(out)
     source = Path(reuse) if reuse is not None else out
     data = source / "data"
-    if not (data / ".complete").exists():
-        if reuse is not None:
-            raise FileNotFoundError(f"--reuse {reuse}: no finished demo run there (no data/.complete)")
-        generate_for(task, data, seed, background)
-    elif reuse is not None:  # the comparison: that run's data and backbone, another policy or seed
+    made = not (data / ".complete").exists()
+    if made and reuse is not None:
+        raise FileNotFoundError(f"--reuse {reuse}: no finished demo run there (no data/.complete)")
+    if not made and reuse is not None:  # the comparison: that run's data and backbone, another policy or seed
         check_reused(data, {"task": task}, "--reuse")
-    else:  # the background shapes the classification data only
+    elif not made:  # the background shapes the classification data only
         shaped = {"background": background} if task == "classification" else {}
         check_reused(data, {"task": task, "seed": seed, **shaped}, "--out")
+    claim_out(out, {"task": task, "seed": seed, "background": background, "policy": policy})
+    if made:
+        generate_for(task, data, seed, background)
     extra = [*policy_args(policy), *extra]
     # overrides follow every --config, so the dense stage's config cannot reset them
     overrides = [
@@ -165,12 +209,14 @@ def run_pipeline(
     finished = source / "pretrain" / ".complete"  # last.ckpt alone may be an interrupted stage's
     if not finished.exists() and reuse is not None:
         raise FileNotFoundError(f"--reuse {reuse}: no finished dense backbone there ({finished})")
-    if not finished.exists():
+    if not finished.exists():  # an unfinished dense stage of this demo's: trained again from the start
+        clear(source, ["pretrain"])
         dense = REPO / "configs" / "ci" / PIPELINES[task][2]
         version = "--trainer.logger.init_args.version=pretrain"
         fit(["fit", *ci_recipe(task), "--config", str(dense), *overrides, version, *extra])
         finished.parent.mkdir(parents=True, exist_ok=True)
         finished.write_text("")
+    clear(out, FIT_OUTPUTS)  # this demo's earlier SPLIT stage, if any: the new one replaces it
     version = "--trainer.logger.init_args.version="
     fit(
         [

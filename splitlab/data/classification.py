@@ -10,6 +10,7 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from splitlab.data.common import SkipCorrupt, SplitDataModule, check_source, require_dir
 from splitlab.model.preprocess import Preprocessing
@@ -122,10 +123,14 @@ class ImageClassificationData(SplitDataModule):
             empty = [
                 d.name
                 for d in sorted(folder.iterdir())
-                if d.is_dir() and not any(f.is_file() for f in d.rglob("*"))
+                if d.is_dir()
+                and not any(f.is_file() and f.suffix.lower() in IMG_EXTENSIONS for f in d.rglob("*"))
             ]
             if empty:
-                raise ValueError(f"data.root={hp.root!r}: class folder(s) {empty} in {name}/ hold no images")
+                raise ValueError(
+                    f"data.root={hp.root!r}: class folder(s) {empty} in {name}/ hold no image files "
+                    f"({', '.join(IMG_EXTENSIONS)})"
+                )
             dataset = ImageFolder(str(folder), transform=transform)
             if self.classes and dataset.classes != self.classes:
                 raise ValueError(

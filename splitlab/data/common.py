@@ -226,7 +226,14 @@ def load_hf_splits(name: str, config: str | None = None, default_split: str = "t
     if path.exists() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         parts = datasets.load_from_disk(str(path))
     else:
-        parts = datasets.load_dataset(name, config)
+        try:
+            parts = datasets.load_dataset(name, config)
+        except OSError as err:  # a typo, the hub unreachable, no cached copy: one line, not 57
+            raise OSError(
+                f"data.hf_dataset={name!r}: could not be loaded ({type(err).__name__}: "
+                f"{str(err).splitlines()[0][:200]}); check the name (a hub dataset, or a folder written by "
+                "save_to_disk), and without the hub set HF_HUB_OFFLINE=1 to read the local cache at once"
+            ) from err
     if isinstance(parts, datasets.Dataset):
         parts = datasets.DatasetDict({default_split: parts})
     return parts

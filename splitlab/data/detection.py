@@ -114,9 +114,30 @@ class CocoDetection(Dataset):
     """(image, target) pairs; targets hold boxes (xyxy, input pixels), labels, optional masks,
     the image id and the letterbox scale (to map predictions back to the original image)."""
 
-    def __init__(self, images: Path, annotations: Path, transform: Any, masks: bool, size: int) -> None:
+    def __init__(
+        self, images: Path, annotations: Path, transform: Any, masks: bool, size: int, training: bool = False
+    ) -> None:
         self.images, self.transform, self.masks, self.size = images, transform, masks, size
         self.coco, self.ids, self.categories, self.dropped = load_coco(annotations, images)
+        if training:  # the letterbox drops boxes under a pixel at the network's size: say how many
+            tiny = sum(self.under_a_pixel(a) for a in self.coco.dataset.get("annotations", []))
+            if tiny:
+                warnings.warn(
+                    f"{annotations}: {tiny} box(es) under a pixel at the network's input size ({size} px) are "
+                    "left out of training (evaluation keeps them)",
+                    stacklevel=2,
+                )
+
+    def under_a_pixel(self, ann: dict[str, Any]) -> bool:
+        """Whether an annotation's box, clamped to its image and letterboxed, is under a pixel wide or
+        high (and not already dropped by `load_coco`)."""
+        if ann.get("_splitlab_drop"):
+            return False
+        img = self.coco.imgs[ann["image_id"]]
+        x, y, w, h = ann["bbox"]
+        width = min(x + w, img["width"]) - max(x, 0)
+        height = min(y + h, img["height"]) - max(y, 0)
+        return min(width, height) * self.size / max(img["width"], img["height"]) < 1.0
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -220,7 +241,12 @@ class CocoDetectionData(SplitDataModule):
         root = Path(hp.root)
         folder = require_dir(root / images, f"data.root/{images}")
         ds = CocoDetection(
-            folder, root / annotations, letterbox(self.preprocessing, training), hp.masks, hp.img_size
+            folder,
+            root / annotations,
+            letterbox(self.preprocessing, training),
+            hp.masks,
+            hp.img_size,
+            training,
         )
         return SkipCorrupt(ds, lambda i: str(folder / ds.coco.imgs[ds.ids[i]]["file_name"]), hp.strict)
 

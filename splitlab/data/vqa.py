@@ -66,6 +66,40 @@ def vqa_words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+|[^\sa-z0-9]", text.lower())
 
 
+def write_vocabulary(
+    root: str | Path,
+    splits: Sequence[str] = ("train2014", "val2014"),
+    extra: str = "",
+    out: str | Path | None = None,
+) -> Path:
+    """``vocab.json`` (the word list a word-level tokenizer reads) for a folder in the official VQAv2
+    layout: `SPECIAL_TOKENS`, then every word of the questions and answers of ``splits`` (those whose
+    files are there; at least one must be) and of ``extra`` (e.g. the prompt's own words).
+
+    Returns the file written (``root/vocab.json`` unless ``out`` says otherwise).
+    """
+    root = Path(root)
+    words: set[str] = set(vqa_words(extra.replace("<image>", " ").replace("{question}", " ")))
+    read = []
+    for split in splits:
+        if not questions_file(root, split).is_file():
+            continue
+        read.append(split)
+        for q in _read_json(questions_file(root, split), "questions", "questions"):
+            words.update(vqa_words(str(q.get("question", ""))))
+        if annotations_file(root, split).is_file():
+            for a in _read_json(annotations_file(root, split), "annotations", "annotations"):
+                for answer in _answer_strings(a.get("answers", [])):
+                    words.update(vqa_words(answer))
+    if not read:
+        raise FileNotFoundError(
+            f"{root}: no questions file of {list(splits)} (VQAv2 layout: {questions_file(root, splits[0]).name})"
+        )
+    path = Path(out) if out is not None else root / "vocab.json"
+    path.write_text(json.dumps([*SPECIAL_TOKENS, *sorted(words - set(SPECIAL_TOKENS))], indent=1) + "\n")
+    return path
+
+
 def most_frequent(answers: Sequence[str]) -> str:
     """The most frequent answer (first given on ties), as VQAv2's ``multiple_choice_answer``."""
     return Counter(answers).most_common(1)[0][0]

@@ -103,7 +103,10 @@ def build_tokenizer(name: str) -> Any:
             eos_token="</s>",
         )
     if path.suffix == ".json":
-        raise FileNotFoundError(f"tokenizer={name!r}: no such vocabulary file")
+        raise FileNotFoundError(
+            f"tokenizer={name!r}: no such vocabulary file; write one from a VQAv2-layout folder with "
+            f"`splitlab data vqa-vocab DATA_ROOT --out {name}` (or name a Hugging Face tokenizer)"
+        )
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(name)

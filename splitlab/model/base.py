@@ -123,6 +123,7 @@ class SplitModel(nn.Module, HubWeights):
         )
         self.tokenizer.operating_points.check(budget)
         self.max_tokens = self.cap_tokens(cfg["max_fraction"], "max_fraction")
+        self.check_cap(cfg["max_fraction"], budget)
         # APT's per-level entropy cuts when it is the trained policy, and the budget they meet
         # (-1: not set yet; a fit sets them on its calibration sample)
         self.register_buffer("apt_cuts", torch.zeros(levels.num - 1))
@@ -160,8 +161,21 @@ class SplitModel(nn.Module, HubWeights):
         rows, cols = (side // self.levels.finest for side in self.backbone.img_size)
         return int(max_fraction * rows * cols)
 
+    @staticmethod
+    def check_cap(max_fraction: float | None, budget: float, budget_setting: str = "target_fraction") -> None:
+        """Refuse a hard cap below the deployed budget: every image would be held under the budget,
+        so the mean could not meet it (measured: capped at 0.3, a budget of 0.5 realised 0.279)."""
+        if max_fraction is not None and float(max_fraction) < float(budget) - 1e-9:
+            raise ValueError(
+                f"max_fraction={float(max_fraction):g} is below {budget_setting}={float(budget):g}: a cap under the "
+                "budget holds every image below it, so the budget cannot be met; raise max_fraction to at least "
+                f"{budget_setting} (or lower {budget_setting})"
+            )
+
     def set_deployment(self, budget: float | None = None, max_fraction: float | None = None) -> None:
         """Change the budget this model deploys by default and its hard cap (kept when saved)."""
+        cap = self.config["max_fraction"] if max_fraction is None else max_fraction
+        self.check_cap(cap, self.budget if budget is None else budget, "budget")
         if budget is not None:
             self.budget = self.tokenizer.operating_points.check(
                 self.levels.check_fraction(budget, "budget"), "budget"

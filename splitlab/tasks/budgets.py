@@ -30,6 +30,11 @@ class BudgetTraining:
                     "(model.init_args.budgets: [lowest, highest]) to serve others"
                 )
             self.tokenizer.operating_points.check(budget, "eval_budgets")
+            if hp.max_fraction is not None and budget > hp.max_fraction + 1e-9:
+                raise ValueError(
+                    f"eval_budgets={budget:g} is above max_fraction={hp.max_fraction:g}: the cap holds every image "
+                    "below that budget, so it cannot be met; evaluate budgets up to max_fraction"
+                )
 
     def step_budget(self) -> tuple[int, float]:
         """This step's training budget: the one target, or (budget-conditioned) a point drawn per batch,

@@ -50,6 +50,16 @@ class DetectionTask(DenseTask):
     ) -> None:
         super().__init__(**kwargs)
 
+    def check_data(self, datamodule: Any) -> None:
+        """Also: Mask R-CNN learns from instance masks, which the data must load."""
+        super().check_data(datamodule)
+        masks = getattr(datamodule, "hparams", {}).get("masks")
+        if self.hparams.detector == "mask_rcnn" and masks is False:
+            raise ValueError(
+                "model.init_args.detector=mask_rcnn learns from instance masks, but data.init_args.masks=false "
+                "loads none: set data.init_args.masks=true (or detector: faster_rcnn)"
+            )
+
     def repeat_targets(self, targets: list[dict[str, Tensor]], times: int) -> list[dict[str, Tensor]]:
         return list(targets) * times
 

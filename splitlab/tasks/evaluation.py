@@ -78,6 +78,13 @@ class PolicyEvaluation:
                 self._record(stats[slot(policy + suffix)], out, targets, base, elapsed())
         return {"images": images, "layout": first} if batch_idx == 0 else {}
 
+    def finish_results(self, results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        """Each policy's computed metrics, before they are logged and tabulated (the labelled-pixel
+        count the coverage metric keeps is for `SegmentationTask` only)."""
+        for row in results.values():
+            row.pop("labelled_pixels", None)
+        return results
+
     def finish_outputs(self, outputs: Any, targets: Any) -> Any:
         """Inference work after the task head that belongs in images/s (VQA: the language model
         answering); the default has none."""
@@ -109,6 +116,7 @@ class PolicyEvaluation:
             if stat.images.update_called:
                 results[policy] = stat.compute()
             stat.reset()
+        results = self.finish_results(results)
         if "learned" not in results:
             return
         learned = results["learned"]

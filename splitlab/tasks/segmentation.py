@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
@@ -105,6 +106,19 @@ class SegmentationTask(DenseTask):
         metrics["miou"].update(preds, targets)
         metrics["pixel_accuracy"].update(preds, targets)
         metrics["coverage"].update(layout, targets)
+
+    def finish_results(self, results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        """Masks without a labelled pixel define no mIoU, accuracy or coverage: null, said once."""
+        empty = [policy for policy, row in results.items() if row.get("labelled_pixels", 1.0) == 0]
+        for policy in empty:
+            for key in ("miou", "pixel_accuracy", "object_fine_coverage", "boundary_fine_coverage"):
+                results[policy][key] = float("nan")
+        if empty:
+            rank_zero_warn(
+                f"the evaluation masks hold no labelled pixels (every pixel is ignore_index={self.hparams.ignore_index}): "
+                "mIoU, pixel accuracy and fine-token coverage are not defined and are reported as null"
+            )
+        return super().finish_results(results)
 
     def describe_prediction(
         self, outputs: dict[str, Tensor], index: int, target: Any = None

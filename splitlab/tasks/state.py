@@ -84,6 +84,12 @@ class TaskState:
         """Refuse data that does not fit the model, before any work (Lightning sets the data up first)."""
         size = getattr(datamodule, "img_size", None)
         height, width = self.backbone.img_size
+        if size is not None and height != width:
+            raise ValueError(
+                f"model.init_args.backbone_kwargs.img_size={[height, width]}: the data modules feed square images "
+                f"(data.init_args.img_size={size} is one side); give the model a square input, e.g. "
+                f"backbone_kwargs.img_size: {size}"
+            )
         if size is not None and (int(size), int(size)) != (height, width):
             raise ValueError(
                 f"data.init_args.img_size={size} differs from the model's input size {height}x{width} "

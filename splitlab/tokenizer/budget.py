@@ -23,6 +23,8 @@ def budget_points(budgets: Sequence[float], step: float = 0.1) -> list[float]:
     if len(budgets) != 2:
         raise ValueError(f"budgets={list(budgets)}: give the range as [lowest, highest], e.g. [0.3, 0.9]")
     lo, hi = float(budgets[0]), float(budgets[1])
+    if not (0.0 < lo <= 1.0 and 0.0 < hi <= 1.0):
+        raise ValueError(f"budgets={list(budgets)}: budgets are token fractions in (0, 1], e.g. [0.3, 0.9]")
     if not lo < hi:
         raise ValueError(f"budgets={list(budgets)}: the lowest budget must be below the highest")
     if step <= 0:

@@ -95,6 +95,8 @@ def test_a_stopped_stage_stops_the_demo_and_is_not_reused(tmp_path, monkeypatch)
 
     def fake_fit(args):
         stages.append("pretrain" if any("version=pretrain" in a for a in args) else "split")
+        if stages[-1] == "split":
+            (tmp_path / "summary.json").write_text("{}")
         stop = GracefulStop()
         stop.stopped_by = 2 if interrupt and stages[-1] == "pretrain" else None  # SIGINT
         return SimpleNamespace(trainer=SimpleNamespace(callbacks=[stop]))
@@ -106,8 +108,47 @@ def test_a_stopped_stage_stops_the_demo_and_is_not_reused(tmp_path, monkeypatch)
     assert stopped.value.code == 130 and stages == ["pretrain"]
     assert not (tmp_path / "pretrain" / ".complete").exists()
     interrupt = False
-    (tmp_path / "summary.json").write_text("{}")
     run_pipeline(tmp_path, quiet=True)
     assert stages == ["pretrain", "pretrain", "split"] and (tmp_path / "pretrain" / ".complete").exists()
     run_pipeline(tmp_path, quiet=True)  # finished now: only the SPLIT stage runs again
     assert stages[3:] == ["split"]
+
+
+def test_a_demo_writes_only_into_a_folder_of_its_own(tmp_path, monkeypatch, capsys) -> None:
+    """A fit's folder (no demo marker) and a demo of another policy are refused, naming what is there;
+    a demo run again into its own folder replaces its own SPLIT stage, nothing else."""
+    from types import SimpleNamespace
+
+    import splitlab.cli
+
+    fit = tmp_path / "fit"
+    (fit / "checkpoints").mkdir(parents=True)
+    (fit / "metrics.csv").write_text("epoch\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["demo", "--out", str(fit)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "holds files splitlab demo did not make (checkpoints, metrics.csv)" in err
+    assert (fit / "metrics.csv").read_text() == "epoch\n"
+
+    ours = tmp_path / "demo"
+    finished_demo(ours)
+    (ours / "pretrain" / ".complete").parent.mkdir(parents=True)
+    (ours / "pretrain" / ".complete").write_text("")
+    (ours / "predict").mkdir()  # a predict of the earlier run: not the demo's to remove
+    (ours / "checkpoints").mkdir()
+    (ours / "checkpoints" / "last.ckpt").write_text("old")
+
+    def fake_fit(args):
+        assert not (ours / "checkpoints").exists()  # the earlier SPLIT stage is gone before the new one
+        (ours / "summary.json").write_text('{"trained_policy": "learned"}')
+        return SimpleNamespace(trainer=SimpleNamespace(callbacks=[]))
+
+    monkeypatch.setattr(splitlab.cli, "lightning_main", fake_fit)
+    from splitlab.commands.demo import run_pipeline
+
+    run_pipeline(ours, quiet=True)
+    assert (ours / "predict").is_dir()
+    with pytest.raises(SystemExit) as stop:
+        main(["demo", "--out", str(ours), "--policy", "entropy"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "a demo of --policy learned lives there, not --policy entropy" in err

@@ -23,7 +23,7 @@ def test_empty_class_folder(shapes_root, tmp_path) -> None:
     shutil.copytree(shapes_root, root)
     for f in (root / "val" / "dots").iterdir():
         f.unlink()
-    with pytest.raises(ValueError, match=r"class folder\(s\) \['dots'\] in val/ hold no images"):
+    with pytest.raises(ValueError, match=r"class folder\(s\) \['dots'\] in val/ hold no image files"):
         fit(root, tmp_path / "logs")
 
 

@@ -91,7 +91,7 @@ def test_policies_budgets_and_the_cap() -> None:
 
 
 def test_a_model_with_a_cap_caps_its_own_policy_not_comparison_rows() -> None:
-    model = tiny_model("classification", max_fraction=0.4)
+    model = tiny_model("classification", max_fraction=0.4, budget=0.4)
     x = images(16)
     with torch.no_grad():
         deployed = model.layout(x, budget=0.7)

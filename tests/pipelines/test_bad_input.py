@@ -86,6 +86,12 @@ SETTINGS = [
     ),
     ("--model.init_args.budgets=[0.01,0.5]", "budgets=0.01 is outside the range"),
     ("--model.init_args.max_fraction=0.05", "max_fraction=0.05 is outside the range"),
+    ("--model.init_args.max_fraction=0.3", "max_fraction=0.3 is below target_fraction=0.5"),
+    ("--model.init_args.budgets=[0.3,1.2]", "budgets=[0.3, 1.2]: budgets are token fractions in (0, 1]"),
+    (
+        "--model.init_args.backbone_kwargs.img_size=[64,96]",
+        "backbone_kwargs.img_size=[64, 96]: the data modules feed square images",
+    ),
     (
         "--model.init_args.eval_budgets=[0.9]",
         "eval_budgets=0.9: this policy was trained for budgets [0.3, 0.7]",
@@ -167,7 +173,7 @@ def test_an_empty_class_folder(shapes_root, tmp_path, capsys) -> None:
     shutil.copytree(shapes_root, root)
     for f in (root / "val" / "dots").iterdir():
         f.unlink()
-    fails(capsys, fit_args(root, tmp_path / "logs"), "class folder(s) ['dots'] in val/ hold no images")
+    fails(capsys, fit_args(root, tmp_path / "logs"), "class folder(s) ['dots'] in val/ hold no image files")
 
 
 def test_a_missing_hf_column(tmp_path, capsys) -> None:
