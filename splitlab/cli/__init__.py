@@ -31,7 +31,6 @@ from splitlab.cli.runs import (
     evaluation_folder,
     lock_run,
     logger_folder,
-    rank_from_environment,
     refuse_taken,
     release_runs,
 )
@@ -182,11 +181,11 @@ class SplitLabCLI(LightningCLI):
                 )
             return
         run = logger_folder(trainer) if subcommand == "fit" else None
-        if run is None or rank_from_environment() != 0:
+        if run is None:
             return
         if not self.config[subcommand].get("ckpt_path"):  # a resume continues the run in its folder
-            refuse_taken(run)
-        lock_run(run)
+            refuse_taken(run)  # on every rank alike (srun starts them together), before any writes
+        lock_run(run)  # rank 0's
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         given = kwargs.get("callbacks", self._get(self.config_init, "trainer", default={}).get("callbacks"))
