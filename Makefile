@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint format clean gpu-check
+.PHONY: demo test test-slow test-slurm lint format clean gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,12 +20,17 @@ demo: $(STAMP)
 # Two workers (pytest-xdist, whole files each, the long twins first: tests/conftest.py), one thread
 # each: the tiny models are mostly Python, so two processes use both cores where one did not.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" -n 2 --dist loadfile --no-loadscope-reorder \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow and not slurm" -n 2 --dist loadfile --no-loadscope-reorder \
 		--durations=15  # the slowest tests, to keep the suite under 15 min
 
 # On a machine with a GPU: CUDA tests and the paper's benchmarks (<= 8 min), results in $${OUT:-runs/gpu-check}.
 gpu-check: $(STAMP)
 	BIN=$(BIN) bash scripts/gpu-check.sh
+
+# The project's sbatch scripts under a real single-node SLURM (scripts/slurm-local.sh starts it; needs
+# Debian's slurm-wlm and munge, which .ci/run installs): requeues on a time limit and on demand (~10 min).
+test-slurm: $(STAMP)
+	$(BIN)/python -m pytest -m slurm -rs tests/slurm
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -s

@@ -253,3 +253,16 @@ def one_point_curve(run_dir, dest, record: dict, tolerance: float) -> dict:
     assert point["policies"]["uniform"]["token_fraction_mean"] == 1.0
     assert (dest / "curve.png").stat().st_size > 0
     return point
+
+
+class SlowBatches(Callback):
+    """Sleep after every training batch: a tiny twin's epoch lasts long enough for a SLURM time limit
+    to fall in the middle of it (sleeping changes no number)."""
+
+    def __init__(self, seconds: float = 1.0) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args, **kwargs) -> None:
+        import time
+
+        time.sleep(self.seconds)

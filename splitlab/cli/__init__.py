@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from splitlab.callbacks import (
     LayoutWriter,
     ResumePosition,
     SkippedSamples,
+    SlurmRequeue,
     SplitSchedule,
     VerifiedCheckpointIO,
 )
@@ -183,6 +185,9 @@ class SplitLabCLI(LightningCLI):
         run = logger_folder(trainer) if subcommand == "fit" else None
         if run is None:
             return
+        # Lightning warns that it will delete the log files of a non-empty folder; here the folder
+        # holds no other run's (checked below), only this run's lock or the history a resume keeps
+        warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
         if not self.config[subcommand].get("ckpt_path"):  # a resume continues the run in its folder
             refuse_taken(run)  # on every rank alike (srun starts them together), before any writes
         lock_run(run)  # rank 0's
@@ -195,6 +200,13 @@ class SplitLabCLI(LightningCLI):
             return any(type(c) is cls if cls is GracefulStop else isinstance(c, cls) for c in given)
 
         missing = [cls for cls in DEFAULT_CALLBACKS if not present(cls)]
+        if self.subcommand == "fit" and SLURMEnvironment.detect() and not present(SlurmRequeue):
+            # a later config's trainer.callbacks replaces slurm.yaml's list: the requeue must stay
+            # SlurmRequeue's (Lightning's own handler saves from inside the signal handler)
+            rank_zero_info(
+                "splitlab: a SLURM job: adding SlurmRequeue (SIGUSR1 checkpoints at a batch end, requeues)"
+            )
+            missing.append(SlurmRequeue)
         if SplitSchedule in missing and self.subcommand == "fit":
             rank_zero_info(
                 "splitlab: no SplitSchedule in trainer.callbacks: using 1 warm-start epoch, then PPO"

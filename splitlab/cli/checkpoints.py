@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,9 @@ def keep_csv_history(logger: CSVLogger, up_to_step: int) -> None:
         reader = csv.DictReader(f)
         header, rows = list(reader.fieldnames or []), list(reader)
     rows = [r for r in rows if not r.get("step") or int(float(r["step"])) <= up_to_step]
-    writer = logger.experiment  # creating the writer removes the old file
+    with warnings.catch_warnings():  # the old file's rows are kept below, as the resume wants
+        warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+        writer = logger.experiment  # creating the writer removes the old file
     writer.metrics_keys = sorted(set(writer.metrics_keys) | set(header))
     with path.open("w", newline="") as f:
         out = csv.DictWriter(f, fieldnames=writer.metrics_keys)

@@ -15,6 +15,7 @@ import yaml
 REPO = Path(__file__).parents[2]
 SCRIPTS = sorted((REPO / "configs" / "slurm").glob("*.sbatch"))
 GPU_CHECK = REPO / "scripts" / "gpu-check.sh"
+SLURM_LOCAL = REPO / "scripts" / "slurm-local.sh"
 BIN = Path(sys.executable).parent
 
 
@@ -29,9 +30,12 @@ def sbatch(script: Path, key: str) -> str:
 
 
 def variable(script: Path, name: str) -> str:
+    """A variable's value, or its default when it is read from SLURM's environment (``${X:-8}``)."""
     match = re.search(rf"^{name}=(\S+)", script.read_text(), re.M)
     assert match, f"{script.name}: no {name}="
-    return match.group(1)
+    value = match.group(1)
+    default = re.fullmatch(r"\$\{SLURM_\w+:-(\d+)\}", value)
+    return default.group(1) if default else value
 
 
 def test_there_are_one_and_multi_node_scripts() -> None:
@@ -39,12 +43,12 @@ def test_there_are_one_and_multi_node_scripts() -> None:
     assert int(sbatch(REPO / "configs" / "slurm" / "multi_node.sbatch", "nodes")) > 1
 
 
-@pytest.mark.parametrize("script", [*SCRIPTS, GPU_CHECK], ids=lambda p: p.name)
+@pytest.mark.parametrize("script", [*SCRIPTS, GPU_CHECK, SLURM_LOCAL], ids=lambda p: p.name)
 def test_bash_syntax(script: Path) -> None:
     subprocess.run(["bash", "-n", str(script)], check=True)
 
 
-@pytest.mark.parametrize("script", [*SCRIPTS, GPU_CHECK], ids=lambda p: p.name)
+@pytest.mark.parametrize("script", [*SCRIPTS, GPU_CHECK, SLURM_LOCAL], ids=lambda p: p.name)
 def test_shellcheck(script: Path) -> None:
     if tool("shellcheck") is None:
         pytest.skip("shellcheck not installed")
