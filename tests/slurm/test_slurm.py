@@ -190,9 +190,9 @@ def test_a_warning_in_ppo_requeues_at_a_batch_end(cluster, shapes, reference, tm
 
 
 def test_the_multi_node_script_runs_on_the_nodes_there_are(cluster, shapes, tmp_path) -> None:
-    """multi_node.sbatch on this one-host cluster (``--nodes=1`` on the command line: two slurmd on one
-    host need Slurm built with --enable-multiple-slurmd, which Debian's is not): the trainer takes the
-    allocation's node and task counts, and the job's files land in its run folder."""
+    """multi_node.sbatch on this one-host cluster (``--nodes=1`` on the command line; two slurmd on one
+    host need Slurm's multiple-slurmd mode and node addresses of their own, not set up here): the
+    trainer takes the allocation's node and task counts, and the job's files land in its run folder."""
     script = REPO / "configs" / "slurm" / "multi_node.sbatch"
     job_id = submit(cluster, tmp_path, 10, ["--nodes=1", *twin_args(shapes, slow=0)], script=script)
     wait(cluster, job_id, lambda f: f.get("JobState") == "COMPLETED", "completion", limit=600)
