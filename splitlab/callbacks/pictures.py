@@ -54,10 +54,7 @@ def draw_token_map(
     count = min(count, images.shape[0])
     h, w = images.shape[-2] * scale, images.shape[-1] * scale
     sheet = Image.new("RGB", (count * (w + 4), h), (0, 0, 0))
-    finest = layout.levels.finest
-    boxes, levels = layout.split(layout.boxes * finest), layout.split(layout.level)
-    for i in range(count):
-        tokens = [[*b, lv] for b, lv in zip(boxes[i].tolist(), levels[i].tolist(), strict=True)]
+    for i, tokens in enumerate(layout.token_boxes()[:count]):
         sheet.paste(draw_tile(images[i], tokens, mean, std, layout.levels.num, scale), (i * (w + 4), 0))
     return sheet
 

@@ -35,6 +35,7 @@ from splitlab.cli.runs import (
     logger_folder,
     refuse_taken,
     release_runs,
+    version_folder,
 )
 from splitlab.tasks import SplitTask, read_checkpoint
 
@@ -129,10 +130,9 @@ class SplitLabCLI(LightningCLI):
         if named is not None and named.get("save_dir") is not None:
             base = Path(named.save_dir) / (named.get("name") or "")
             version = named.get("version")
-            if version is None:  # a new version_N each run: search them all
-                folders = sorted(base.glob("version_*"))
-            else:  # the logger's own folder: "" is the base itself, an int is version_<int>
-                folders = [base / (version if isinstance(version, str) else f"version_{version}")]
+            # no version: a new version_N each run, so search them all; else the logger's own folder
+            # ("" is the base itself, an int is version_<int>)
+            folders = sorted(base.glob("version_*")) if version is None else [base / version_folder(version)]
         else:
             named, base = None, root
             folders = [root, *sorted((root / "lightning_logs").glob("version_*"))]

@@ -24,14 +24,26 @@ RUN_FILES = ("metrics.csv", "hparams.yaml", "summary.json")
 CHOSEN = "SPLITLAB_EVALUATION_VERSION"  # rank 0's choice, for the ranks Lightning's launcher starts after it
 
 
+def version_folder(version: int | str) -> str:
+    """The folder name a logger version writes into, as Lightning's CSV and TensorBoard loggers name it."""
+    return version if isinstance(version, str) else f"version_{version}"
+
+
+def first_free(folder: Path, name: str) -> str:
+    """``name``, or ``name-1``, ``name-2``, ... : the first that is not yet in ``folder``."""
+    count = 0
+    while (folder / (name if count == 0 else f"{name}-{count}")).exists():
+        count += 1
+    return name if count == 0 else f"{name}-{count}"
+
+
 def logger_folder(trainer_config: Any) -> Path | None:
     """The folder a command's logger writes into, when its settings fix one (``save_dir``, ``name``
     and a ``version``); None when Lightning picks a new ``version_N`` each run, or there is no logger."""
     named = getattr(trainer_config.get("logger"), "init_args", None)
     if named is None or named.get("save_dir") is None or named.get("version") is None:
         return None
-    version = named.version if isinstance(named.version, str) else f"version_{named.version}"
-    return Path(named.save_dir) / (named.get("name") or "") / version
+    return Path(named.save_dir) / (named.get("name") or "") / version_folder(named.version)
 
 
 def run_files(folder: Path) -> list[str]:
@@ -54,11 +66,8 @@ def evaluation_folder(trainer_config: Any, subcommand: str) -> Path | None:
         return logger_folder(trainer_config)
     if not run.is_dir() or not any(run.iterdir()):  # a new or empty folder is this command's own
         return None
-    count = 0
-    while (run / (subcommand if count == 0 else f"{subcommand}-{count}")).exists():
-        count += 1
-    folder = subcommand if count == 0 else f"{subcommand}-{count}"
-    version = named.version if isinstance(named.version, str) else f"version_{named.version}"
+    folder = first_free(run, subcommand)
+    version = version_folder(named.version)
     named.version = str(Path(version) / folder) if version else folder
     os.environ[CHOSEN] = named.version
     return run / folder

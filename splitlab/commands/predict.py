@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from splitlab.cli.runs import first_free
 from splitlab.commands.arguments import device_name, fraction, positive_int
 
 OUTPUTS = (
@@ -79,10 +80,8 @@ def output_folder(model: str, out: str | None) -> Path:
         stem = Path(model.rstrip("/")).stem or "model"
         if stem == "last":  # runs/x/checkpoints/last.ckpt: name it after the run
             stem = Path(model).resolve().parent.parent.name
-        base = Path("runs") / "predict" / re.sub(r"[^\w.-]+", "_", stem)
-        count = 0
-        while (folder := base if count == 0 else base.with_name(f"{base.name}-{count}")).exists():
-            count += 1
+        parent = Path("runs") / "predict"
+        folder = parent / first_free(parent, re.sub(r"[^\w.-]+", "_", stem))
     else:
         folder = Path(out).expanduser()
         taken = [name for name in OUTPUTS if (folder / name).exists()]

@@ -241,7 +241,6 @@ class SplitModel(nn.Module, HubWeights):
         max_fraction: float | None = None,
         policy: str | None = None,
         seed: int = 0,
-        generator: torch.Generator | None = None,
     ) -> TokenLayout:
         """The layout ``policy`` (default: the trained one) gives ``images`` at ``budget`` (default:
         the model's). The model's hard cap binds the learned policy and the trained one; another
@@ -256,8 +255,7 @@ class SplitModel(nn.Module, HubWeights):
             if not isinstance(budget, Tensor):
                 self.tokenizer.operating_points.check(budget, "budget")
             return self.tokenizer(images, self.backbone, mode="threshold", budget=budget, max_tokens=cap)
-        if generator is None:
-            generator = torch.Generator(images.device).manual_seed(seed)
+        generator = torch.Generator(images.device).manual_seed(seed)
         scores, threshold = self.scores(policy, images, float(budget), generator)
         return self.tokenizer(
             images, self.backbone, mode="scores", scores=scores, threshold=threshold, max_tokens=cap

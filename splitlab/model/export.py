@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from splitlab.model.base import SplitModel
-from splitlab.tokenizer import cap_splits, leaf_masks
+from splitlab.tokenizer import cap_splits, cover_slots, leaf_masks
 
 EXPORTABLE = ("classification", "segmentation")
 
@@ -56,21 +56,8 @@ class StaticWalk(nn.Module):
         counts = keep_flat.sum(1)
         valid = torch.arange(self.max_tokens, device=images.device)[None] < counts[:, None]
         slot = keep_flat.long().cumsum(1) - 1  # each kept patch's place in its image's sequence
-        cover = self.cover(keep, slot, [t.shape[1:3] for t in tokens])
+        cover = cover_slots(keep, slot, model.levels)
         return packed, valid, counts, cover
-
-    def cover(self, keep: list[Tensor], slot: Tensor, grids: list[Any]) -> Tensor:
-        """``(B, Hf, Wf)`` sequence position of the token covering each finest cell."""
-        levels = self.model.levels
-        cover, offset = None, 0
-        for k, (h, w) in enumerate(grids):
-            side = levels.cells(k)
-            here = slot[:, offset : offset + h * w].reshape(-1, h, w)
-            offset += h * w
-            up = here.repeat_interleave(side, 1).repeat_interleave(side, 2)
-            kept = keep[k].repeat_interleave(side, 1).repeat_interleave(side, 2)
-            cover = up if cover is None else torch.where(kept, up, cover)
-        return cover
 
 
 class StaticSplit(nn.Module):

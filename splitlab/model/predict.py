@@ -174,17 +174,15 @@ def predict_batch(
     outputs, layout = model(images, budget=run.budget, max_fraction=run.max_fraction, policy=run.policy)
     extra = {"questions": questions_for(run.questions, items, indices)} if model.task == "vqa" else {}
     results = model.results(outputs, placements, top_k=run.top_k, **extra)
-    with_boxes = run.return_layout or run.keep_images
-    boxes = layout.split(layout.boxes * model.levels.finest) if with_boxes else None
-    levels = layout.split(layout.level) if with_boxes else None
+    # token boxes in network-input pixels, with their level; fractions in one host read
+    boxes = layout.token_boxes() if run.return_layout or run.keep_images else None
+    fractions = layout.fraction.tolist()
     out = []
     for row, (index, result) in enumerate(zip(indices, results, strict=True)):
-        result = {"tokens": int(layout.seqlens[row]), "token_fraction": float(layout.fraction[row]), **result}
-        tokens = None
-        if boxes is not None:  # token boxes in network-input pixels, with their level
-            tokens = [[*b, lv] for b, lv in zip(boxes[row].tolist(), levels[row].tolist(), strict=True)]
-            if run.return_layout:
-                result["layout"] = tokens
+        result = {"tokens": int(layout.seqlens[row]), "token_fraction": fractions[row], **result}
+        tokens = None if boxes is None else boxes[row]
+        if run.return_layout:
+            result["layout"] = tokens
         image = images[row] if run.keep_images else None
         out.append(Prediction(index, describe(items[index], index), result, image=image, layout_boxes=tokens))
     return out

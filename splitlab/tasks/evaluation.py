@@ -170,21 +170,17 @@ class PolicyEvaluation:
         if layout is None:
             outputs, layout = self(images, seed=batch_idx)
         sources = batch[2] if sequence and len(batch) > 2 else [{} for _ in range(layout.batch_size)]
-        finest = self.levels.finest
+        fractions = layout.fraction.tolist()
         records = []
-        for i, (boxes, levels) in enumerate(
-            zip(layout.split(layout.boxes), layout.split(layout.level), strict=True)
-        ):
+        for i, tokens in enumerate(layout.token_boxes()):
             target = targets[i] if isinstance(targets, list | tuple) else None
             records.append(
                 {
                     **sources[i],
                     "batch": batch_idx,
                     "index": i,
-                    "token_fraction": float(layout.fraction[i]),
-                    "tokens": [
-                        [*(b * finest).tolist(), int(lv)] for b, lv in zip(boxes, levels, strict=True)
-                    ],
+                    "token_fraction": fractions[i],
+                    "tokens": tokens,
                     "prediction": self.describe_prediction(outputs, i, target),
                 }
             )

@@ -25,7 +25,14 @@ from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed
 from splitlab.tokenizer.labels import embedding_difference_scores, warm_start_labels
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
-from splitlab.tokenizer.quadtree import build_layout, cap_splits, count_tokens, fraction_of, leaf_masks
+from splitlab.tokenizer.quadtree import (
+    build_layout,
+    cap_splits,
+    count_tokens,
+    cover_slots,
+    fraction_of,
+    leaf_masks,
+)
 from splitlab.tokenizer.tokenizer import MODES, SplitTokenizer
 
 __all__ = [
@@ -44,6 +51,7 @@ __all__ = [
     "calibrate_threshold",
     "cap_splits",
     "count_tokens",
+    "cover_slots",
     "embedding_difference_scores",
     "entropy_scores",
     "expected_random_fraction",

@@ -48,6 +48,9 @@ class OperatingPoints(nn.Module):
         if not values or values != sorted(set(values)):
             raise ValueError(f"budget points {values} must be distinct and ascending")
         self.momentum = float(momentum)
+        # the points are fixed when built (a checkpoint of other points is refused before it loads):
+        # their range as Python floats, so checking a budget reads no device tensor (no host sync)
+        self._range = (values[0], values[-1])
         self.register_buffer("budgets", torch.tensor(values))
         self.register_buffer("cuts", torch.zeros(len(values)))
         self.register_buffer("counts", torch.zeros(len(values), dtype=torch.long))
@@ -55,7 +58,7 @@ class OperatingPoints(nn.Module):
     @property
     def range(self) -> tuple[float, float]:
         """Lowest and highest budget the policy was trained for."""
-        return float(self.budgets[0]), float(self.budgets[-1])
+        return self._range
 
     @property
     def calibrated(self) -> bool:

@@ -108,6 +108,16 @@ class TokenLayout:
         features = self.tokens if features is None else features
         return list(features.split(self.seqlens))
 
+    def token_boxes(self) -> list[list[list[int]]]:
+        """Each image's tokens as ``[x0, y0, x1, y1, level]``, boxes in pixels (one host read for
+        the whole batch, not one per token)."""
+        rows = torch.cat([self.boxes * self.levels.finest, self.level[:, None]], 1).tolist()
+        out, start = [], 0
+        for count in self.seqlens:
+            out.append(rows[start : start + count])
+            start += count
+        return out
+
     def level_map(self) -> Tensor:
         """``(B, Hf, Wf)`` level index of the token covering each finest cell."""
         return self.level[self.cover_index]

@@ -101,6 +101,22 @@ def cap_splits(decisions: Sequence[Tensor], priority: Sequence[Tensor], max_toke
     return [k.view_as(d) for k, d in zip(keep.split(sizes, 1), decisions, strict=True)]
 
 
+def cover_slots(keep: Sequence[Tensor], slots: Tensor, levels: Levels) -> Tensor:
+    """``(B, Hf, Wf)``: for each finest cell, the slot of the token covering it (exactly one level
+    keeps each cell). ``slots`` ``(B, M)`` gives every patch's slot, level after level; a fixed-shape
+    computation, shared by the packed walk and the padded one of export."""
+    cover, offset = None, 0
+    for k, kept in enumerate(keep):
+        h, w = kept.shape[-2:]
+        side = levels.cells(k)
+        here = slots[:, offset : offset + h * w].reshape(-1, h, w)
+        offset += h * w
+        up = here.repeat_interleave(side, 1).repeat_interleave(side, 2)
+        kept_up = kept.repeat_interleave(side, 1).repeat_interleave(side, 2)
+        cover = up if cover is None else torch.where(kept_up, up, cover)
+    return cover
+
+
 @lru_cache(maxsize=64)
 def _token_table(
     levels: Levels, grids: tuple[tuple[int, int], ...], device: torch.device
@@ -163,17 +179,7 @@ def build_layout(
     patch = source % per_image
     cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
 
-    # Finest cell -> slot of the token covering it (exactly one level keeps each cell).
-    cover = torch.zeros(batch, *grids[-1], dtype=torch.long, device=device)
-    offset = 0
-    dest = dest.view(batch, per_image)
-    for k, (h, w) in enumerate(grids):
-        slots = dest[:, offset : offset + h * w].view(batch, h, w)
-        offset += h * w
-        side = levels.cells(k)
-        slots_up = slots.repeat_interleave(side, 1).repeat_interleave(side, 2)
-        kept_up = keep[k].repeat_interleave(side, 1).repeat_interleave(side, 2)
-        cover = torch.where(kept_up, slots_up, cover)
+    cover = cover_slots(keep, dest.view(batch, per_image), levels)
 
     log_prob = entropy = None
     if logits is not None:
