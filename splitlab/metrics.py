@@ -3,8 +3,9 @@
 `FineCoverage` measures allocation (the paper's object / boundary coverage); `detection_metrics`
 is COCO box mAP as pycocotools computes it (crowd regions ignored: `coco_truth`); `PolicyStats` wraps a
 task's metrics with the token fraction and throughput of one layout policy, as the comparison
-table reports them. `VQAAccuracy` is the official VQAv2 answer accuracy, overall and per answer and
-question type.
+table reports them. `VQAAccuracy` is the VQAv2 answer accuracy, overall and per answer and question
+type, with the answer normalisation of today's official script (the evaluation server's), its 2016
+version or lmms-eval (`VQA_MODES`).
 """
 
 from __future__ import annotations
@@ -304,9 +305,9 @@ def _vqa_clean(answer: str) -> str:
     return answer.replace("\n", " ").replace("\t", " ").strip()
 
 
-def _vqa_punctuation(text: str) -> str:
+def _vqa_punctuation(text: str, comma: re.Pattern[str] = _VQA_COMMA_STRIP) -> str:
     # Both tests look at the text as given, not as earlier characters left it (as the official script).
-    comma_number = _VQA_COMMA_STRIP.search(text) is not None
+    comma_number = comma.search(text) is not None
     out = text
     for p in _VQA_PUNCTUATION:
         drop = comma_number or p + " " in text or " " + p in text
@@ -329,25 +330,56 @@ def normalize_answer(answer: str) -> str:
     return _vqa_digit_article(_vqa_punctuation(_vqa_clean(answer)))
 
 
-def vqa_score(prediction: str, answers: Sequence[str]) -> float:
+# Which evaluation `vqa_score` reproduces (the VQA task's ``vqa_accuracy_mode``):
+# - "official": GT-Vision-Lab/VQA's vqaEval.py since a013f00 ("Fixed processing answers bug", 2021), what
+#   the evaluation server runs today, hence the default. Humans and prediction are whitespace-cleaned;
+#   only if the ten cleaned humans differ do all eleven get the full processing (so "Yes" does not match
+#   ten "yes", and "two" matches ten "two").
+# - "2016": the same script as of 458a8b2 (2016): the prediction always gets the full processing, the
+#   humans are compared as given, or after the punctuation step alone when they differ (so "two" never
+#   matches ten "two", and " yes" never matches).
+# - "lmms-eval": EvolvingLMMs-Lab/lmms-eval's vqav2 task (since 28ea9a1, 2025): humans and prediction
+#   always cleaned and fully processed, with the same tables; only its digit-comma test differs, also
+#   accepting a run of commas ("1,,2" loses all punctuation).
+VQA_MODES = ("official", "2016", "lmms-eval")
+_LMMS_COMMA = re.compile(r"\d,+\d")
+
+
+def _lmms_answer(answer: str) -> str:
+    return _vqa_digit_article(_vqa_punctuation(_vqa_clean(answer), _LMMS_COMMA))
+
+
+def check_vqa_mode(mode: str) -> str:
+    """``mode`` if it is one of `VQA_MODES`, else a ValueError naming the setting."""
+    if mode not in VQA_MODES:
+        raise ValueError(f"VQA accuracy mode={mode!r} (vqa_accuracy_mode): expected one of {VQA_MODES}")
+    return mode
+
+
+def vqa_score(prediction: str, answers: Sequence[str], mode: str = "official") -> float:
     """VQA accuracy of one answer: ``min(1, matches / 3)`` averaged over the ten ways to leave out a human.
 
     Three matching humans give full credit; averaging over held-out humans makes the score consistent
-    with human accuracy. As in the official script, the prediction gets the whole processing and the
-    human answers only the punctuation step, and only when they differ; they are never lower-cased,
-    number-mapped or whitespace-cleaned: a human "two" stays "two", and a human " yes" never matches
-    (VQAv2's answers were normalised when the dataset was built).
+    with human accuracy. Answers are normalised first, as ``mode`` says (`VQA_MODES`).
 
     Args:
         prediction: the model's answer.
         answers: the ten human answers.
+        mode: ``"official"`` (today's official script), ``"2016"`` or ``"lmms-eval"``.
     """
+    check_vqa_mode(mode)
     if len(answers) != 10:
         raise ValueError(f"VQA accuracy needs exactly 10 human answers, got {len(answers)}")
-    truth = list(answers)
-    if len(set(truth)) > 1:
-        truth = [_vqa_punctuation(a) for a in truth]
-    pred = normalize_answer(prediction)
+    if mode == "official":
+        truth, pred = [_vqa_clean(a) for a in answers], _vqa_clean(prediction)
+        if len(set(truth)) > 1:
+            truth, pred = [normalize_answer(a) for a in truth], normalize_answer(pred)
+    elif mode == "2016":
+        truth, pred = list(answers), normalize_answer(prediction)
+        if len(set(truth)) > 1:
+            truth = [_vqa_punctuation(a) for a in truth]
+    else:
+        truth, pred = [_lmms_answer(a) for a in answers], _lmms_answer(prediction)
     matches = [a == pred for a in truth]
     total = sum(matches)
     return sum(min(1.0, (total - m) / 3) for m in matches) / len(matches)
@@ -365,14 +397,16 @@ class VQAAccuracy(Metric):
     Args:
         question_types: question types to report (e.g. ``"what color is the"``), each as
             ``"vqa_q_<type>"`` with non-alphanumerics replaced by ``_``.
+        mode: the answer normalisation (`vqa_score`): ``"official"``, ``"2016"`` or ``"lmms-eval"``.
     """
 
     full_state_update = False
     is_differentiable = False
     higher_is_better = True
 
-    def __init__(self, question_types: Sequence[str] = (), **kwargs) -> None:
+    def __init__(self, question_types: Sequence[str] = (), mode: str = "official", **kwargs) -> None:
         super().__init__(**kwargs)
+        self.mode = check_vqa_mode(mode)
         self.question_types = tuple(question_types)
         self._question_index = {q: i for i, q in enumerate(self.question_types)}
         self._question_keys = [f"vqa_q_{re.sub(r'[^0-9A-Za-z]', '_', q)}" for q in self.question_types]
@@ -406,7 +440,7 @@ class VQAAccuracy(Metric):
         for t in answer_types:
             if t not in VQA_ANSWER_TYPES:
                 raise ValueError(f"unknown VQA answer type {t!r}; expected one of {VQA_ANSWER_TYPES}")
-        scores = [vqa_score(p, a) for p, a in zip(predictions, answers, strict=True)]
+        scores = [vqa_score(p, a, self.mode) for p, a in zip(predictions, answers, strict=True)]
         device = self.total_score.device
         values = torch.tensor(scores, dtype=torch.float64, device=device)
         self.total_score += values.sum()

@@ -1,9 +1,10 @@
 """splitlab.metrics by hand: fine-token coverage (segmentation cells, detection boxes and masks), the
 ADE20K stuff classes, COCO box mAP against pycocotools (crowd regions included), and VQA accuracy (answer normalisation, per-question scores and the metric).
 
-VQA expected values follow the official VQAv2 rules (GT-Vision-Lab/VQA,
+VQA expected values follow the VQAv2 rules (GT-Vision-Lab/VQA,
 PythonEvaluationTools/vqaEvaluation/vqaEval.py): a question scores the mean, over the ten ways to hold
-out one human answer, of ``min(1, matches among the other nine / 3)``.
+out one human answer, of ``min(1, matches among the other nine / 3)``; the answers are first normalised
+as today's official script, its 2016 version or lmms-eval do (``mode``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from splitlab.heads import without_crowd
 from splitlab.metrics import (
+    VQA_MODES,
     FineCoverage,
     VQAAccuracy,
     cell_classes,
@@ -146,58 +148,136 @@ def test_period_strip_stops_after_32_like_the_official_script() -> None:
 
 # By hand: with k of the 10 answers equal to the prediction, holding out a matching answer leaves k - 1
 # matches, holding out another leaves k; the score is (k * min(1, (k-1)/3) + (10-k) * min(1, k/3)) / 10.
+# The answers differ, so every mode normalises the prediction "Red." to "red" and leaves "red" / "blue".
+@pytest.mark.parametrize("mode", VQA_MODES)
 @pytest.mark.parametrize(
     ("matches", "expected"),
     [
-        (10, 1.0),  # 10 * 1 / 10
         (3, 0.9),  # (3 * 2/3 + 7 * 1) / 10
         (2, 0.6),  # (2 * 1/3 + 8 * 2/3) / 10
         (1, 0.3),  # (1 * 0 + 9 * 1/3) / 10
         (0, 0.0),
     ],
 )
-def test_vqa_score_by_hand(matches: int, expected: float) -> None:
+def test_vqa_score_by_hand(matches: int, expected: float, mode: str) -> None:
     answers = ["red"] * matches + ["blue"] * (10 - matches)
-    assert vqa_score("Red.", answers) == pytest.approx(expected)
+    assert vqa_score("Red.", answers, mode=mode) == pytest.approx(expected)
 
 
-def test_vqa_score_normalises_prediction_and_answers() -> None:
-    # ten identical "2": the prediction "two" normalises to "2" and matches all -> 1
-    assert vqa_score("two", ["2"] * 10) == pytest.approx(1.0)
-    # differing human answers get only the punctuation step: "2." becomes "2", but "two" stays "two" and
-    # " 2" keeps its space (official); 3 of the 10 match the prediction "2" -> 0.9 (raw: 0.6)
-    answers = ["2.", "2", "2", "two", " 2"] + ["blue"] * 5
-    assert vqa_score("2", answers) == pytest.approx(0.9)
-    # a prediction matching nothing scores 0
-    assert vqa_score("green", answers) == 0.0
+# Each row by hand, per mode. The rules (splitlab.metrics, VQA_MODES):
+#   official:  humans and prediction whitespace-cleaned; only if the ten cleaned humans differ, all
+#              eleven get the full processing (else compared as cleaned: no lower-casing, no "two" -> "2");
+#   2016:      prediction fully processed; humans as given, or punctuation step only when they differ;
+#   lmms-eval: humans and prediction always cleaned and fully processed.
+# Scores: k matches of 10 -> 10: 1.0, >= 4: 1.0, 3: 0.9, 2: 0.6, 1: 0.3, 0: 0.0 (test_vqa_score_by_hand).
+GREEN = ["white", "blue", "Green.", "Green.", "Green.", "Green.", "Green.", "Green.", "green", "white"]
 
 
-def test_vqa_score_leaves_identical_answers_raw_like_the_official_script() -> None:
-    # all ten "two": the official script does not normalise identical answers, the prediction becomes "2"
-    assert vqa_score("two", ["two"] * 10) == 0.0
-    # all ten "somebody'd": the prediction "somebody'd" becomes "somebodyd" (official table), they stay
-    assert vqa_score("somebody'd", ["somebody'd"] * 10) == 0.0
-    assert vqa_score("somebody'd", ["somebodyd"] * 10) == pytest.approx(1.0)
-    # "shes" is no official key: prediction and answers stay "shes" and match
-    assert vqa_score("shes", ["shes"] * 10) == pytest.approx(1.0)
+@pytest.mark.parametrize(
+    ("prediction", "answers", "official", "v2016", "lmms"),
+    [
+        # humans differ. official and lmms-eval: "Green." -> "green" (period and case), so k = 7 -> 1.0.
+        # 2016: punctuation step only, "Green." -> "Green" keeps its capital: only "green" matches, k = 1
+        pytest.param("green", GREEN, 1.0, 0.3, 1.0, id="green"),
+        # identical humans. official: nothing processed, "two" == "two", k = 10. 2016: the prediction
+        # becomes "2", the humans stay "two", k = 0. lmms-eval: all become "2", k = 10
+        pytest.param("two", ["two"] * 10, 1.0, 0.0, 1.0, id="two-vs-two"),
+        # official: identical humans, the raw "two" != "2". 2016 and lmms-eval: "two" -> "2", k = 10
+        pytest.param("two", ["2"] * 10, 0.0, 1.0, 1.0, id="two-vs-2"),
+        # official: identical, "Red." != "red" raw. 2016 and lmms-eval: "Red." -> "red", k = 10
+        pytest.param("Red.", ["red"] * 10, 0.0, 1.0, 1.0, id="Red.-vs-red"),
+        # humans differ. official and lmms-eval: " 2" cleaned, "2." -> "2", "two" -> "2": k = 5.
+        # 2016: punctuation only: "2." -> "2", "two" stays, " 2" keeps its space: k = 3
+        pytest.param("2", ["2.", "2", "2", "two", " 2"] + ["blue"] * 5, 1.0, 0.9, 1.0, id="2-mixed"),
+        pytest.param("green", ["2.", "2", "2", "two", " 2"] + ["blue"] * 5, 0.0, 0.0, 0.0, id="no-match"),
+        # contractions: "somebody'd" -> "somebodyd" (the official table). official: identical humans,
+        # compared raw; 2016: only the prediction changes; lmms-eval: both change
+        pytest.param("somebody'd", ["somebody'd"] * 10, 1.0, 0.0, 1.0, id="somebody'd"),
+        pytest.param("somebody'd", ["somebodyd"] * 10, 0.0, 1.0, 1.0, id="somebodyd"),
+        pytest.param("shes", ["shes"] * 10, 1.0, 1.0, 1.0, id="shes"),  # no official key: unchanged
+        # whitespace: every mode cleans the prediction's
+        pytest.param(" yes\n", ["yes"] * 10, 1.0, 1.0, 1.0, id="prediction-whitespace"),
+        # humans with trailing spaces / newlines. official and lmms-eval clean them: ten "yes", k = 10.
+        # 2016 never cleans a human: "yes\n" and "yes " (punctuation step only) never equal "yes"
+        pytest.param("yes", ["yes\n"] * 5 + ["yes "] * 5, 1.0, 0.0, 1.0, id="human-whitespace"),
+        pytest.param("yes", [" yes\n"] * 10, 1.0, 0.0, 1.0, id="human-whitespace-identical"),
+        # 2016: " yes" keeps its space, k = 2 -> 0.6; official: cleaned they are identical, k = 10
+        pytest.param("yes", [" yes"] * 8 + ["yes"] * 2, 1.0, 0.6, 1.0, id="human-space-8-of-10"),
+        # official: once cleaned the humans are identical, so "Yes" is compared raw with "yes": k = 0
+        # (2016: humans uncleaned, k = 0; lmms-eval lower-cases all, k = 10)
+        pytest.param("Yes", ["yes\n"] * 5 + ["yes "] * 5, 0.0, 0.0, 1.0, id="cleaned-identical-case"),
+        # official: cleaned humans still differ ("yes" / "Yes"): all processed, k = 10. 2016: "yes "
+        # keeps its space, "Yes" its capital, the prediction is "yes": k = 0
+        pytest.param("Yes", ["yes "] * 9 + ["Yes"], 1.0, 0.0, 1.0, id="cleaned-differ-case"),
+        # official: tab -> space in all, humans differ: "red car" x 9, k = 9. 2016: the humans' tab stays
+        pytest.param("red\tcar", ["red\tcar"] * 9 + ["car"], 1.0, 0.0, 1.0, id="human-tab"),
+        # the one processing difference: "1,,2" holds a run of commas between digits. lmms-eval's test
+        # (a run) sees a digit comma, so all punctuation goes: "12", k = 5. The official test (exactly
+        # one comma) does not: the commas become spaces, "1 2" (official), "1  2" (2016: not split)
+        pytest.param("12", ["1,,2"] * 5 + ["3"] * 5, 0.0, 0.0, 1.0, id="commas-12"),
+        pytest.param("1 2", ["1,,2"] * 5 + ["3"] * 5, 1.0, 0.0, 0.0, id="commas-1-2"),
+    ],
+)
+def test_vqa_score_modes_by_hand(
+    prediction: str, answers: list[str], official: float, v2016: float, lmms: float
+) -> None:
+    expected = {"official": official, "2016": v2016, "lmms-eval": lmms}
+    for mode, value in expected.items():
+        assert vqa_score(prediction, answers, mode=mode) == pytest.approx(value), mode
+    assert vqa_score(prediction, answers) == pytest.approx(official)  # the default
 
 
-def test_vqa_score_cleans_whitespace_of_the_prediction_only() -> None:
-    # the official script cleans tabs, newlines and outer spaces from the prediction ...
-    assert vqa_score(" yes\n", ["yes"] * 10) == pytest.approx(1.0)
+def test_vqa_score_2016_leaves_identical_answers_raw() -> None:
+    # the 2016 script does not normalise identical human answers; the prediction "two" becomes "2"
+    assert vqa_score("two", ["two"] * 10, mode="2016") == 0.0
+    # all ten "somebody'd": the prediction becomes "somebodyd" (official table), they stay
+    assert vqa_score("somebody'd", ["somebody'd"] * 10, mode="2016") == 0.0
+    assert vqa_score("somebody'd", ["somebodyd"] * 10, mode="2016") == pytest.approx(1.0)
+    assert vqa_score("Red.", ["red"] * 10, mode="2016") == pytest.approx(1.0)  # k = 10
+
+
+def test_vqa_score_2016_cleans_whitespace_of_the_prediction_only() -> None:
+    # the 2016 script cleans tabs, newlines and outer spaces from the prediction ...
+    assert vqa_score(" yes\n", ["yes"] * 10, mode="2016") == pytest.approx(1.0)
     # ... but never from a human answer: ten identical " yes\n" are compared as given -> 0
-    assert vqa_score("yes", [" yes\n"] * 10) == 0.0
+    assert vqa_score("yes", [" yes\n"] * 10, mode="2016") == 0.0
     # differing answers: the punctuation step keeps the space of " yes", so k = 2 of the 10 match "yes";
     # (2 * 1/3 + 8 * 2/3) / 10 = 0.6
-    assert vqa_score("yes", [" yes"] * 8 + ["yes"] * 2) == pytest.approx(0.6)
+    assert vqa_score("yes", [" yes"] * 8 + ["yes"] * 2, mode="2016") == pytest.approx(0.6)
     # a tab inside a human answer stays a tab (the prediction's becomes a space) -> no match
-    assert vqa_score("red\tcar", ["red\tcar"] * 9 + ["car"]) == 0.0
+    assert vqa_score("red\tcar", ["red\tcar"] * 9 + ["car"], mode="2016") == 0.0
 
 
 @pytest.mark.parametrize("count", [9, 11])
 def test_vqa_score_needs_ten_answers(count: int) -> None:
     with pytest.raises(ValueError, match=f"10 human answers, got {count}"):
         vqa_score("yes", ["yes"] * count)
+
+
+def test_vqa_mode_unknown_is_refused() -> None:
+    allowed = r"'official', '2016', 'lmms-eval'"
+    with pytest.raises(ValueError, match=rf"mode='2021'.*vqa_accuracy_mode.*{allowed}"):
+        vqa_score("yes", ["yes"] * 10, mode="2021")
+    with pytest.raises(ValueError, match=rf"mode='Official'.*{allowed}"):
+        VQAAccuracy(mode="Official")
+
+
+def test_metric_scores_in_its_mode() -> None:
+    # "two" against ten "two" (test_vqa_score_modes_by_hand): 1.0 official, 0.0 in 2016, 1.0 lmms-eval
+    for mode, expected in (("official", 1.0), ("2016", 0.0), ("lmms-eval", 1.0)):
+        metric = VQAAccuracy(mode=mode)
+        metric.update(["two"], [["two"] * 10], ["number"])
+        assert metric.compute()["vqa_accuracy"].item() == expected, mode
+    assert VQAAccuracy().mode == "official"
+
+
+def test_vqa_task_passes_its_mode_to_the_metric(tmp_path) -> None:
+    from tests.tasks.test_vqa import task_with
+
+    assert task_with(tmp_path).build_metrics()["vqa"].mode == "official"
+    assert task_with(tmp_path, vqa_accuracy_mode="2016").build_metrics()["vqa"].mode == "2016"
+    with pytest.raises(ValueError, match="vqa_accuracy_mode"):
+        task_with(tmp_path, vqa_accuracy_mode="2017")
 
 
 def _batch() -> tuple[list[str], list[list[str]], list[str], list[str]]:

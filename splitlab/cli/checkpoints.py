@@ -18,6 +18,7 @@ DEPLOYMENT = {
     "max_fraction",
     "attn_backend",
     "calibration_images",
+    "vqa_accuracy_mode",
 }
 # Where the weights come from: a checkpoint restores them all, so these are not used.
 WEIGHTS = {"pretrained", "checkpoint_path", "init_checkpoint"}
@@ -30,6 +31,9 @@ TRAINING = {
     "imitation_lr",
     "imitation_weight",
     "teacher_forcing",
+    "label_target",
+    "apt_search",
+    "entropy_thresholds",
     "grad_clip",
     "ppo",
     "lambda_lr",

@@ -75,6 +75,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=positive_int,
         help="the pattern question and N-1 coarse ones (default 3-4: pattern, colour, then 1-2 more)",
     )
+    vqa.add_argument(
+        "--shape",
+        choices=("square", "circle", "triangle", "diamond"),
+        help="every object's shape, named by the questions (default square)",
+    )
+    vqa.add_argument(
+        "--patterns",
+        nargs="+",
+        choices=("hstripes", "vstripes", "checks", "rising", "falling", "zigzag"),
+        help="the pattern set, 2 or more (default hstripes vstripes checks; rising/falling are diagonals)",
+    )
+    vqa.add_argument(
+        "--objects",
+        type=positive_int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help="objects per scene, 2 <= LO <= HI <= 4 (default 2 3)",
+    )
+    vqa.add_argument(
+        "--background",
+        choices=("busy", "flat", "noise"),
+        help="busy blocks (default), one flat colour, or per-pixel noise",
+    )
 
 
 def vocabulary(args: argparse.Namespace) -> int:
@@ -100,8 +123,9 @@ def main(args: argparse.Namespace) -> int:
     options = {k: v for k, v in vars(args).items() if k not in ("command", "kind") and v is not None}
     if "format" in options:
         options["fmt"] = options.pop("format")
-    if "square" in options:
-        options["square"] = tuple(options["square"])
+    for key in ("square", "patterns", "objects"):  # lists from argparse, tuples for the generator
+        if key in options:
+            options[key] = tuple(options[key])
     out = generate(**options)
     print(f"wrote {written.format(**options)} to {out}")
     return 0

@@ -35,6 +35,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--background", choices=("busy", "flat"), default="busy", help="generated shapes' background"
     )
     demo.add_argument(
+        "--scenes",
+        choices=("twin", "circles", "triangles"),
+        default="twin",
+        help="VQA: which generated scenes (splitlab.data.vqa_scenes.SCENES; docs/vqa.md)",
+    )
+    demo.add_argument(
         "--reuse",
         default=None,
         help="take data and dense backbone from this earlier demo run (like for like)",
@@ -50,6 +56,23 @@ PIPELINES = {
 }
 
 
+# VQA scenes (splitlab.data.vqa_scenes.SCENES) that the twin's training does not learn: configs/ci/
+# files added to both stages and to the dense stage only (docs/vqa.md, "Other scenes")
+VQA_SCENES_CONFIGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "triangles": (("vqa_wide_lm.yaml",), ("vqa_long_dense.yaml",)),
+}
+
+
+def scenes_configs(scenes: str) -> tuple[list[str], list[str]]:
+    """``--config`` arguments the VQA ``scenes`` add to both stages, and to the dense stage only."""
+    both, dense = VQA_SCENES_CONFIGS.get(scenes, ((), ()))
+    folder = REPO / "configs" / "ci"
+    return (
+        [a for name in both for a in ("--config", str(folder / name))],
+        [a for name in dense for a in ("--config", str(folder / name))],
+    )
+
+
 def ci_recipe(task: str = "classification") -> list[str]:
     """``--config`` arguments of a recipe and its CI twin (paths inside this checkout)."""
     recipe, twin, _ = PIPELINES[task]
@@ -60,8 +83,8 @@ def ci_recipe(task: str = "classification") -> list[str]:
     return ["--config", str(paths[0]), "--config", str(paths[1])]
 
 
-def generate_for(task: str, out: Path, seed: int, background: str = "busy") -> None:
-    """The generated dataset a CI twin reads."""
+def generate_for(task: str, out: Path, seed: int, background: str = "busy", scenes: str = "twin") -> None:
+    """The generated dataset a CI twin reads (for VQA, the ``scenes`` configuration of `SCENES`)."""
     from splitlab.data import generate_ade20k, generate_coco, generate_shapes
 
     if task == "classification":
@@ -70,21 +93,17 @@ def generate_for(task: str, out: Path, seed: int, background: str = "busy") -> N
         generate_coco(out, train=300, val=80, seed=seed)
     elif task == "vqa":
         from splitlab.data import generate_vqa
+        from splitlab.data.vqa_scenes import SCENES
 
-        generate_vqa(
-            out,
-            image_size=64,
-            train=1200,
-            val=450,
-            seed=seed,
-            square=(0.19, 0.25),
-            shade=0.35,
-            patterned="one",
-            questions_per_scene=2,
-        )
+        if scenes not in SCENES:
+            raise ValueError(f"scenes={scenes!r}: expected one of {', '.join(SCENES)}")
+        generate_vqa(out, seed=seed, **SCENES[scenes])
     else:
         generate_ade20k(out, train=300, val=80, seed=seed)
-    (out / ".complete").write_text(json.dumps({"task": task, "seed": seed, "background": background}))
+    made = {"task": task, "seed": seed, "background": background}
+    if task == "vqa":
+        made["scenes"] = scenes
+    (out / ".complete").write_text(json.dumps(made))
 
 
 def check_reused(data: Path, wanted: dict[str, Any], flag: str) -> None:
@@ -163,12 +182,14 @@ def run_pipeline(
     policy: str = "learned",
     background: str = "busy",
     reuse: str | Path | None = None,
+    scenes: str = "twin",
 ) -> dict:
     """Generated data -> dense backbone -> warm start + PPO, all through the LightningCLI.
 
     Returns the run's summary record (also in ``<out>/summary.json``). Finished steps (data, the
     dense backbone) are reused when ``out`` already holds them, or taken from the run ``reuse``
-    (so that SPLIT and APT start from the same data and backbone).
+    (so that SPLIT and APT start from the same data and backbone). ``scenes`` picks the VQA data
+    (`splitlab.data.vqa_scenes.SCENES`).
     """
     from splitlab.cli import lightning_main, stop_code
 
@@ -185,14 +206,17 @@ def run_pipeline(
     made = not (data / ".complete").exists()
     if made and reuse is not None:
         raise FileNotFoundError(f"--reuse {reuse}: no finished demo run there (no data/.complete)")
+    # the background shapes the classification data only, the scenes the VQA data only
+    shaped = {"background": background} if task == "classification" else {}
+    if task == "vqa":
+        shaped = {"scenes": scenes}
     if not made and reuse is not None:  # the comparison: that run's data and backbone, another policy or seed
-        check_reused(data, {"task": task}, "--reuse")
-    elif not made:  # the background shapes the classification data only
-        shaped = {"background": background} if task == "classification" else {}
+        check_reused(data, {"task": task, **({"scenes": scenes} if task == "vqa" else {})}, "--reuse")
+    elif not made:
         check_reused(data, {"task": task, "seed": seed, **shaped}, "--out")
     claim_out(out, {"task": task, "seed": seed, "background": background, "policy": policy})
     if made:
-        generate_for(task, data, seed, background)
+        generate_for(task, data, seed, background, scenes)
     extra = [*policy_args(policy), *extra]
     # overrides follow every --config, so the dense stage's config cannot reset them
     overrides = [
@@ -205,6 +229,7 @@ def run_pipeline(
     ]
     if quiet:
         overrides += ["--trainer.enable_progress_bar=false"]
+    both, dense_only = scenes_configs(scenes) if task == "vqa" else ([], [])
     pretrain = source / "pretrain" / "checkpoints" / "last.ckpt"
     finished = source / "pretrain" / ".complete"  # last.ckpt alone may be an interrupted stage's
     if not finished.exists() and reuse is not None:
@@ -213,7 +238,9 @@ def run_pipeline(
         clear(source, ["pretrain"])
         dense = REPO / "configs" / "ci" / PIPELINES[task][2]
         version = "--trainer.logger.init_args.version=pretrain"
-        fit(["fit", *ci_recipe(task), "--config", str(dense), *overrides, version, *extra])
+        fit(
+            ["fit", *ci_recipe(task), *both, "--config", str(dense), *dense_only, *overrides, version, *extra]
+        )
         finished.parent.mkdir(parents=True, exist_ok=True)
         finished.write_text("")
     clear(out, FIT_OUTPUTS)  # this demo's earlier SPLIT stage, if any: the new one replaces it
@@ -222,6 +249,7 @@ def run_pipeline(
         [
             "fit",
             *ci_recipe(task),
+            *both,
             *overrides,
             version,
             f"--model.init_args.init_checkpoint={pretrain}",
@@ -233,7 +261,13 @@ def run_pipeline(
 
 def main(args: argparse.Namespace) -> int:
     record = run_pipeline(
-        args.out, args.seed, task=args.task, policy=args.policy, background=args.background, reuse=args.reuse
+        args.out,
+        args.seed,
+        task=args.task,
+        policy=args.policy,
+        background=args.background,
+        reuse=args.reuse,
+        scenes=args.scenes,
     )
     print("\n" + format_table(record))
     print(f"\nsummary: {Path(args.out) / 'summary.json'}   token maps: {Path(args.out) / 'token_maps'}")

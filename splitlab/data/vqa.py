@@ -335,8 +335,9 @@ class VQAv2Data(SplitDataModule):
     (one row per question, as HuggingFaceM4/VQAv2: columns ``image``, ``question``,
     ``question_id``, ``image_id``, ``answers`` (10 strings or ``{"answer": ...}`` dicts),
     ``answer_type``, optionally ``question_type`` and ``multiple_choice_answer``) is set. Images are
-    resized (longer side to ``img_size``) and padded to a square, never flipped or cropped: that
-    would change the answer of "the square on the left" or cut the object out.
+    resized (longer side to ``img_size``, bicubic with antialiasing as CLIP's image processor) and
+    padded to a square, never flipped or cropped: that would change the answer of "the square on the
+    left" or cut the object out.
 
     Each item is ``(image (3, img_size, img_size), target)`` with target ``{"image_id": int,
     "question_ids": list[int], "questions": list[str], "answers": list[list[str]] (10 each),
@@ -359,6 +360,9 @@ class VQAv2Data(SplitDataModule):
             only (``test-dev2015``, ``test2015``), for the official server.
         pad: where the letterbox pads: ``corner`` (bottom/right) or ``centre`` (both sides evenly, as
             LLaVA-1.5's ``expand2square``: what a LLaVA projector and LM were trained on).
+        interpolation: the resize filter, antialiased: ``bicubic`` (CLIP's image processor,
+            ``resample=3``, which LLaVA-1.5 applies) or ``bilinear`` (splitlab before; checkpoints keep
+            the one they were trained with).
     """
 
     test_key = "val"
@@ -380,10 +384,13 @@ class VQAv2Data(SplitDataModule):
         max_questions: int | None = None,
         predict_split: str | None = None,
         pad: str = "corner",
+        interpolation: str = "bicubic",
     ) -> None:
         super().__init__()
         if pad not in ("corner", "centre"):
             raise ValueError(f"data.pad={pad!r}: expected 'corner' or 'centre'")
+        if interpolation not in ("bicubic", "bilinear"):
+            raise ValueError(f"data.interpolation={interpolation!r}: expected 'bicubic' or 'bilinear'")
         check_source(root, hf_dataset, "the official VQAv2 files")
         if root is not None:
             require_dir(root, "data.root")
@@ -396,9 +403,10 @@ class VQAv2Data(SplitDataModule):
 
     @property
     def preprocessing(self) -> Preprocessing:
-        """The model's input: the longer side to ``img_size``, normalised, padded square (with the mean
-        colour) at ``pad``."""
-        return Preprocessing(self.img_size, self.mean, self.std, pad=self.hparams.pad)
+        """The model's input: the longer side to ``img_size`` (``interpolation``), normalised, padded
+        square (with the mean colour) at ``pad``."""
+        hp = self.hparams
+        return Preprocessing(self.img_size, self.mean, self.std, interpolation=hp.interpolation, pad=hp.pad)
 
     def transform(self) -> Any:
         """The letterbox of `preprocessing`, on PIL images."""

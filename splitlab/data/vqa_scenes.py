@@ -8,6 +8,12 @@ are answerable from coarse tokens while "what pattern ..." questions need fine t
 square. The CI twin's variant (``patterned="one"``, higher contrast, two questions per scene) keeps
 that property but drops the lookup among patterned squares, which a from-scratch 2-layer LM does
 not learn in a CI budget (docs/vqa.md).
+
+So that a regression does not pass on the one kind of scene it was built around, the object
+``shape`` (`SHAPES`), the pattern set (`PATTERNS`: six, among them pairs that differ only in
+orientation), the object count (``objects``) and the ``background`` are settings too; `SCENES`
+names the configurations the regression trains and checks on. The defaults reproduce the
+original scenes bit for bit (same seed, same files).
 """
 
 from __future__ import annotations
@@ -41,11 +47,17 @@ COLOURS: dict[str, tuple[float, float, float]] = {
     "blue": (0.15, 0.3, 0.85),
     "yellow": (0.85, 0.8, 0.15),
 }
-PATTERNS = {
+PATTERNS = {  # kind -> answer; half of every 4x4 window is light, so it averages out
     "hstripes": "horizontal",
     "vstripes": "vertical",
     "checks": "checks",
-}  # pattern_mask kind -> answer
+    "rising": "rising",  # diagonal stripes "/" (rising and falling differ only in orientation)
+    "falling": "falling",  # diagonal stripes "\\"
+    "zigzag": "zigzag",  # vertical stripes whose rows shift 0, 1, 2, 1 px
+}
+DEFAULT_PATTERNS = ("hstripes", "vstripes", "checks")
+SHAPES = ("square", "circle", "triangle", "diamond")
+BACKGROUNDS = ("busy", "flat", "noise")
 SHADE = 0.15  # light = base + SHADE, dark = base - SHADE: the pattern averages to the base colour
 DETAIL = 2  # pattern feature width in px: a 4x downsample averages it away
 PLACES = {  # descriptor -> (axis of the square's centre, extreme is the max)
@@ -58,6 +70,9 @@ SYNONYMS = {
     "horizontal": ("horizontal stripes", "stripes"),
     "vertical": ("vertical stripes", "stripes"),
     "checks": ("checkered", "checkerboard"),
+    "rising": ("rising stripes", "diagonal"),
+    "falling": ("falling stripes", "diagonal"),
+    "zigzag": ("zig zag", "zigzags"),
     "red": ("dark red",),
     "green": ("light green",),
     "blue": ("light blue",),
@@ -71,6 +86,94 @@ SYNONYMS = {
 }
 
 
+SCENES: dict[str, dict[str, Any]] = {  # named configurations: generate_vqa's settings
+    # the CI twin's data (`splitlab demo --task vqa`): squares, 3 patterns, 2-3 objects, busy background
+    "twin": {
+        "image_size": 64,
+        "train": 1200,
+        "val": 450,
+        "square": (0.19, 0.25),
+        "shade": 0.35,
+        "patterned": "one",
+        "questions_per_scene": 2,
+    },
+    # scenes the twin was not built around (docs/vqa.md): other shapes, five or six patterns with
+    # orientation-only pairs, more objects, other backgrounds
+    "circles": {
+        "image_size": 64,
+        "train": 1200,
+        "val": 450,
+        "square": (0.22, 0.28),
+        "shade": 0.35,
+        "patterned": "one",
+        "questions_per_scene": 2,
+        "shape": "circle",
+        "patterns": ("hstripes", "vstripes", "rising", "falling", "checks"),
+        "objects": (3, 4),
+        "background": "flat",
+    },
+    "triangles": {
+        "image_size": 64,
+        "train": 1200,
+        "val": 450,
+        "square": (0.25, 0.31),
+        "shade": 0.35,
+        "patterned": "one",
+        "questions_per_scene": 2,
+        "shape": "triangle",
+        "patterns": ("rising", "falling", "zigzag", "vstripes", "hstripes", "checks"),
+        "objects": (2, 4),
+        "background": "noise",
+    },
+}
+
+
+def fine_pattern(kind: str, side: int, detail: int = DETAIL) -> np.ndarray:
+    """``(side, side)`` bool mask of pattern ``kind`` (a key of `PATTERNS`), features ``detail`` px wide.
+
+    The diagonal and zigzag kinds shift a vertical stripe pattern row by row, so every row (and
+    with it every ``2 * detail`` window) is half light: the colour stays readable from coarse tokens.
+    """
+    if kind in ("hstripes", "vstripes", "checks"):
+        return pattern_mask(kind, side, detail)
+    ys, xs = np.mgrid[0:side, 0:side]
+    if kind == "rising":
+        shift = ys
+    elif kind == "falling":
+        shift = -ys
+    elif kind == "zigzag":
+        shift = detail - np.abs(ys % (2 * detail) - detail)
+    else:
+        raise ValueError(f"pattern {kind!r}: expected one of {', '.join(PATTERNS)}")
+    return ((xs + shift) // detail) % 2 == 0
+
+
+def shape_mask(shape: str, side: int) -> np.ndarray:
+    """``(side, side)`` bool mask of an object of ``shape`` (one of `SHAPES`) filling its box."""
+    if shape == "square":
+        return np.ones((side, side), dtype=bool)
+    c = np.arange(side) + 0.5 - side / 2  # pixel centres relative to the box centre
+    ys, xs = np.meshgrid(c, c, indexing="ij")
+    if shape == "circle":
+        return xs**2 + ys**2 <= (side / 2) ** 2
+    if shape == "diamond":
+        return np.abs(xs) + np.abs(ys) <= side / 2
+    if shape == "triangle":  # apex up, base along the bottom edge
+        return np.abs(xs) <= (ys + side / 2) / 2
+    raise ValueError(f"shape={shape!r}: expected one of {', '.join(SHAPES)}")
+
+
+def _background(rng: np.random.Generator, size: int, kind: str) -> np.ndarray:
+    """``busy``: blocky colour noise at 2-8 px plus pixel noise (`draw_background`); ``flat``: one plain
+    colour; ``noise``: grey with strong per-pixel noise, fine detail everywhere but on the objects."""
+    if kind in ("busy", "flat"):
+        return draw_background(rng, size, kind)
+    if kind == "noise":
+        grey = rng.uniform(0.3, 0.7)
+        return np.clip(grey + rng.normal(0.0, 0.2, (size, size, 3)), 0.0, 1.0).astype(np.float32)
+    raise ValueError(f"background={kind!r}: expected one of {', '.join(BACKGROUNDS)}")
+
+
 def render_vqa_scene(
     rng: np.random.Generator,
     size: int = 128,
@@ -78,14 +181,21 @@ def render_vqa_scene(
     square: tuple[float, float] = (1 / 8, 1 / 5),
     shade: float = SHADE,
     patterned: str = "each",
+    shape: str = "square",
+    patterns: tuple[str, ...] = DEFAULT_PATTERNS,
+    objects: tuple[int, int] = (2, 3),
+    background: str = "busy",
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """One scene: a ``uint8`` (size, size, 3) image and its squares.
+    """One scene: a ``uint8`` (size, size, 3) image and its objects.
 
-    Squares are ``{"colour", "pattern" (pattern_mask kind), "box": (x0, y0, x1, y1), "inner": box of
-    the patterned region}``: 2-3 of them, distinct colours, 2 px apart at least, and laid out so that
-    at least one of `PLACES` ("on the left", ...) names exactly one square. ``shade`` is the pattern's
-    contrast (light and dark = base ± shade). ``patterned``: ``each`` square has its own pattern, or
-    only ``one`` has a pattern and the others are plain (``"pattern": None``; see `generate_vqa`).
+    Objects are ``{"colour", "pattern" (a `PATTERNS` kind), "shape", "box": (x0, y0, x1, y1), "inner":
+    box of the patterned region}``: ``objects`` (LO, HI) of them, distinct colours, 2 px apart at
+    least, and laid out so that at least one of `PLACES` ("on the left", ...) names exactly one.
+    ``square`` is their side range as fractions of ``size``; each is a ``shape`` of its base colour
+    whose inner part (the same shape, a border smaller) carries the pattern. ``shade`` is the
+    pattern's contrast (light and dark = base ± shade). ``patterned``: ``each`` object has its own
+    pattern, drawn from ``patterns``, or only ``one`` has one and the others are plain
+    (``"pattern": None``; see `generate_vqa`).
     """
     if patterned not in ("each", "one"):
         raise ValueError(f"patterned={patterned!r}: expected 'each' or 'one'")
@@ -93,7 +203,7 @@ def render_vqa_scene(
         raise ValueError(f"shade={shade}: the pattern's contrast must lie in (0, 0.5)")
     lo, hi = max(int(size * square[0]), 6), max(int(size * square[1]), 6)
     for _ in range(max_tries):
-        count = int(rng.integers(2, 4))
+        count = int(rng.integers(objects[0], objects[1] + 1))
         squares: list[dict[str, Any]] = []
         for _ in range(max_tries):
             side = int(rng.integers(lo, hi + 1))
@@ -106,26 +216,32 @@ def render_vqa_scene(
         if len(squares) == count and _places(squares):
             break
     else:
-        raise RuntimeError(f"image_size={size}: could not lay out the squares; use a larger image_size")
-    img = draw_background(rng, size)
+        raise RuntimeError(
+            f"image_size={size}: could not lay out {objects[1]} objects; use a larger image_size, "
+            "smaller objects (square) or fewer (objects)"
+        )
+    img = _background(rng, size, background)
     names = list(COLOURS)
     chosen = int(rng.integers(count)) if patterned == "one" else None
     for i, (square, c) in enumerate(zip(squares, rng.permutation(len(names))[:count], strict=True)):
-        colour, pattern = names[int(c)], list(PATTERNS)[int(rng.integers(len(PATTERNS)))]
+        colour, pattern = names[int(c)], patterns[int(rng.integers(len(patterns)))]
         base = np.clip(np.array(COLOURS[colour]) + rng.uniform(-0.05, 0.05, 3), shade, 1 - shade)
         x0, y0, x1, y1 = square["box"]
         border = max(1, (x1 - x0) // 8)
         inner = (x0 + border, y0 + border, x1 - border, y1 - border)
-        img[y0:y1, x0:x1] = base
+        outline = shape_mask(shape, x1 - x0)[..., None]
+        img[y0:y1, x0:x1] = np.where(outline, base, img[y0:y1, x0:x1])
         if chosen is not None and i != chosen:
-            square.update(colour=colour, pattern=None, inner=inner)
+            square.update(colour=colour, pattern=None, shape=shape, inner=inner)
             continue
         light, dark = base + shade, base - shade
         if rng.random() < 0.5:
             light, dark = dark, light
-        mask = pattern_mask(pattern, inner[2] - inner[0], DETAIL)[..., None]
-        img[inner[1] : inner[3], inner[0] : inner[2]] = np.where(mask, light, dark)
-        square.update(colour=colour, pattern=pattern, inner=inner)
+        mask = fine_pattern(pattern, inner[2] - inner[0], DETAIL)[..., None]
+        region = img[inner[1] : inner[3], inner[0] : inner[2]]
+        inside = shape_mask(shape, inner[2] - inner[0])[..., None]
+        img[inner[1] : inner[3], inner[0] : inner[2]] = np.where(inside, np.where(mask, light, dark), region)
+        square.update(colour=colour, pattern=pattern, shape=shape, inner=inner)
     return (img * 255).round().astype(np.uint8), squares
 
 
@@ -152,15 +268,17 @@ def _questions(
 ) -> list[tuple[str, str, str, str]]:
     """``count`` (default 3-4) ``(question, right answer, question_type, answer_type)`` about one scene.
 
-    Every scene gets a "what pattern" question (fine tokens on one square). By default a "what color"
+    Every scene gets a "what pattern" question (fine tokens on one object). By default a "what color"
     question (coarse tokens suffice) follows, then "is there" and/or "how many"; with ``count``, the
-    pattern question and ``count - 1`` of those three, drawn at random.
+    pattern question and ``count - 1`` of those three, drawn at random. Objects are named by their
+    shape ("the red circle"), the same for every object of a scene.
     """
+    noun = squares[0].get("shape", "square")
     patterned = [s for s in squares if s["pattern"] is not None]
     target = patterned[int(rng.integers(len(patterned)))]
     out = [
         (
-            f"what pattern is inside the {target['colour']} square?",
+            f"what pattern is inside the {target['colour']} {noun}?",
             PATTERNS[target["pattern"]],
             "what pattern",
             "other",
@@ -169,15 +287,15 @@ def _questions(
     places = _places(squares)
     where = sorted(places)[int(rng.integers(len(places)))]
     out.append(
-        (f"what color is the square {where}?", squares[places[where]]["colour"], "what color", "other")
+        (f"what color is the {noun} {where}?", squares[places[where]]["colour"], "what color", "other")
     )
     present = {s["colour"] for s in squares}
     colour = list(COLOURS)[int(rng.integers(len(COLOURS)))]
     if rng.random() < 0.5:  # half the "is there" questions are about a colour that is there
         colour = sorted(present)[int(rng.integers(len(present)))]
     extra = [
-        (f"is there a {colour} square?", "yes" if colour in present else "no", "is there", "yes/no"),
-        ("how many squares are there?", str(len(squares)), "how many", "number"),
+        (f"is there a {colour} {noun}?", "yes" if colour in present else "no", "is there", "yes/no"),
+        (f"how many {noun}s are there?", str(len(squares)), "how many", "number"),
     ]
     if count is not None:
         coarse = out[1:] + extra
@@ -188,8 +306,8 @@ def _questions(
     return out + extra
 
 
-def _wrong_answers(answer: str, answer_type: str) -> list[str]:
-    """Plausible wrong answers of the same kind."""
+def _wrong_answers(answer: str, answer_type: str, patterns: tuple[str, ...] = DEFAULT_PATTERNS) -> list[str]:
+    """Plausible wrong answers of the same kind (for a pattern: the other patterns of the set)."""
     if answer_type == "yes/no":
         pool = ["yes", "no"]
     elif answer_type == "number":
@@ -197,14 +315,16 @@ def _wrong_answers(answer: str, answer_type: str) -> list[str]:
     elif answer in COLOURS:
         pool = list(COLOURS)
     else:
-        pool = list(PATTERNS.values())
+        pool = [PATTERNS[p] for p in patterns]
     return [a for a in pool if a != answer]
 
 
-def _answers(rng: np.random.Generator, answer: str, answer_type: str) -> list[dict[str, Any]]:
+def _answers(
+    rng: np.random.Generator, answer: str, answer_type: str, patterns: tuple[str, ...] = DEFAULT_PATTERNS
+) -> list[dict[str, Any]]:
     """Ten annotators' answers: mostly ``answer``, sometimes a synonym (a different exact string, which
     the official metric counts apart), sometimes wrong; ``answer`` is always the most frequent."""
-    synonyms, wrong = SYNONYMS.get(answer, ()), _wrong_answers(answer, answer_type)
+    synonyms, wrong = SYNONYMS.get(answer, ()), _wrong_answers(answer, answer_type, patterns)
     while True:
         picks = []
         for _ in range(ANSWERS_PER_QUESTION):
@@ -236,6 +356,10 @@ def generate_vqa(
     shade: float = SHADE,
     patterned: str = "each",
     questions_per_scene: int | None = None,
+    shape: str = "square",
+    patterns: tuple[str, ...] = DEFAULT_PATTERNS,
+    objects: tuple[int, int] = (2, 3),
+    background: str = "busy",
 ) -> Path:
     """Write a synthetic VQAv2 set (see the module docstring) and ``vocab.json``.
 
@@ -251,6 +375,13 @@ def generate_vqa(
             read-out in a few hundred steps, not the lookup (docs/vqa.md).
         questions_per_scene: 1-4: the pattern question and ``questions_per_scene - 1`` coarse
             ones; default 3-4 (pattern, colour, then "is there" and/or "how many").
+        shape: every object's shape (`SHAPES`), which the questions name ("the red circle").
+        patterns: the pattern set (2 or more `PATTERNS` kinds), each object's drawn from it:
+            ``rising``/``falling`` and ``hstripes``/``vstripes`` differ only in orientation.
+        objects: (LO, HI) objects per scene, 2 <= LO <= HI <= 4 (one colour each; "on the left"
+            needs two to compare).
+        background: ``busy`` (blocky colour noise: entropy points away from the objects), ``flat``
+            (one colour: entropy is the right cue) or ``noise`` (per-pixel noise everywhere).
         train, val: images in ``train2014`` and ``val2014`` (3-4 questions each).
         seed: random seed (same seed, same files).
         fmt: ``official`` (the VQAv2 JSON files and ``{split}/COCO_{split}_*.png``; PNG so the 2 px
@@ -272,6 +403,19 @@ def generate_vqa(
         )
     if fmt not in ("official", "hf"):
         raise ValueError(f"format={fmt!r}: expected 'official' or 'hf'")
+    if shape not in SHAPES:
+        raise ValueError(f"shape={shape!r}: expected one of {', '.join(SHAPES)}")
+    patterns = tuple(patterns)
+    unknown = [p for p in patterns if p not in PATTERNS]
+    if unknown or len(set(patterns)) != len(patterns) or len(patterns) < 2:
+        raise ValueError(f"patterns={patterns}: expected 2 or more distinct kinds of {', '.join(PATTERNS)}")
+    objects = (int(objects[0]), int(objects[1]))
+    if not 2 <= objects[0] <= objects[1] <= len(COLOURS):
+        raise ValueError(
+            f"objects={objects}: expected 2 <= LO <= HI <= {len(COLOURS)} (one colour per object)"
+        )
+    if background not in BACKGROUNDS:
+        raise ValueError(f"background={background!r}: expected one of {', '.join(BACKGROUNDS)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -282,13 +426,23 @@ def generate_vqa(
         questions, annotations, images = [], [], {}
         for i in range(count):
             image_id = first_id + i  # unique across splits, as COCO's ids are
-            img, squares = render_vqa_scene(rng, image_size, square=square, shade=shade, patterned=patterned)
+            img, squares = render_vqa_scene(
+                rng,
+                image_size,
+                square=square,
+                shade=shade,
+                patterned=patterned,
+                shape=shape,
+                patterns=patterns,
+                objects=objects,
+                background=background,
+            )
             images[image_id] = img
             for k, (question, answer, question_type, answer_type) in enumerate(
                 _questions(rng, squares, questions_per_scene)
             ):
                 question_id = image_id * 1000 + k  # the official scheme
-                answers = _answers(rng, answer, answer_type)
+                answers = _answers(rng, answer, answer_type, patterns)
                 questions.append({"image_id": image_id, "question": question, "question_id": question_id})
                 annotations.append(
                     {
@@ -321,7 +475,10 @@ def generate_vqa(
         "image_size": image_size,
         "seed": seed,
         "colours": list(COLOURS),
-        "patterns": list(PATTERNS.values()),
+        "patterns": [PATTERNS[p] for p in patterns],
+        "shape": shape,
+        "objects": list(objects),
+        "background": background,
         "question_types": list(QUESTION_TYPES),
         "answer_types": list(ANSWER_TYPES),
         "detail": DETAIL,

@@ -21,7 +21,17 @@ from torch import Tensor, nn
 from splitlab.tokenizer import TokenLayout
 
 TOKEN_ORDERS = ("raster", "layout")
-PROMPT = "USER: <image>\n{question} Answer the question using a single word or phrase. ASSISTANT:"
+# LLaVA-1.5's VQAv2 evaluation (haotian-liu/LLaVA: scripts/v1_5/eval/vqav2.sh, --conv-mode vicuna_v1):
+# llava/eval/model_vqa_loader.py writes "<image>\n" + the question file's text ("{question}\nAnswer the
+# question using a single word or phrase."), and llava/conversation.py's conv_vicuna_v1 (SeparatorStyle.TWO,
+# sep " ") makes it SYSTEM_PROMPT + " " + "USER: " + that + " " + "ASSISTANT:" (nothing after the colon).
+SYSTEM_PROMPT = (
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's questions."
+)
+PROMPT = "USER: <image>\n{question}\nAnswer the question using a single word or phrase. ASSISTANT:"
+# the whole of it, vicuna_v1's system prompt first (tasks/vqav2.yaml)
+LLAVA_PROMPT = f"{SYSTEM_PROMPT} {PROMPT}"
 IMAGE = "<image>"
 
 
@@ -190,7 +200,10 @@ class LanguageBridge(nn.Module):
     Args:
         lm: a Hugging Face causal LM.
         tokenizer: its tokenizer.
-        template: the prompt, with ``<image>`` where the visual tokens go and ``{question}``.
+        template: the prompt, with ``<image>`` where the visual tokens go and ``{question}``: `PROMPT`
+            (LLaVA-1.5's VQA turn) or `LLAVA_PROMPT` (with vicuna_v1's system prompt first). The text
+            before and after ``<image>`` is encoded apart, ``<s>`` only before it, as LLaVA's
+            ``tokenizer_image_token`` does.
         max_new_tokens: longest answer greedy decoding produces.
     """
 

@@ -10,6 +10,7 @@ what only training needs, as anomalib's Lightning models hold their torch model.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -27,6 +28,7 @@ from splitlab.tokenizer import (
     TokenLayout,
     baseline_scores,
     budget_points,
+    cap_fraction,
     entropy_scores,
 )
 
@@ -124,8 +126,9 @@ class SplitModel(nn.Module, HubWeights):
         self.tokenizer.operating_points.check(budget)
         self.max_tokens = self.cap_tokens(cfg["max_fraction"], "max_fraction")
         self.check_cap(cfg["max_fraction"], budget)
-        # APT's per-level entropy cuts when it is the trained policy, and the budget they meet
-        # (-1: not set yet; a fit sets them on its calibration sample)
+        # APT's per-level entropy cuts in bits when it is the trained policy (coarse to fine: split
+        # where entropy > cut), and the budget they were set for (-1: not set yet; a fit sets them
+        # from entropy_thresholds or by a search on its calibration sample)
         self.register_buffer("apt_cuts", torch.zeros(levels.num - 1))
         self.register_buffer("apt_fraction", torch.tensor(-1.0))
         self.head = self.build_head(cfg["head"])
@@ -160,6 +163,15 @@ class SplitModel(nn.Module, HubWeights):
         self.levels.check_fraction(max_fraction, setting)
         rows, cols = (side // self.levels.finest for side in self.backbone.img_size)
         return int(max_fraction * rows * cols)
+
+    def cap_limit(self) -> float | None:
+        """The most token fraction the hard cap leaves any image (None: no cap). The cap keeps whole
+        splits, so this can fall just under ``max_fraction``; a budget above it is out of reach."""
+        if self.max_tokens is None:
+            return None
+        size, levels = self.backbone.img_size, self.levels
+        coarse, finest = (math.prod(levels.grid(k, size)) for k in (0, levels.num - 1))
+        return cap_fraction(self.max_tokens, coarse, finest)
 
     @staticmethod
     def check_cap(max_fraction: float | None, budget: float, budget_setting: str = "target_fraction") -> None:
@@ -221,9 +233,8 @@ class SplitModel(nn.Module, HubWeights):
         self, policy: str, images: Tensor, budget: float, generator: torch.Generator | None = None
     ) -> tuple[list[Tensor], float]:
         """A baseline's split scores and cut at ``budget``, its pixel statistics read in the model's
-        normalisation. APT as the trained policy splits at its fixed per-level cuts (set on a
-        calibration sample), so each image's layout is its own; otherwise the cut is calibrated on
-        this batch."""
+        normalisation. APT as the trained policy splits at its fixed per-level cuts (``apt_cuts``),
+        so each image's layout is its own; otherwise the cut is calibrated on this batch."""
         mean, std = self.preprocessing.mean, self.preprocessing.std
         if policy == "entropy" == self.policy and self.apt_ready(budget):
             levels = entropy_scores(images, self.levels, mean=mean, std=std)

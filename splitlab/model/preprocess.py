@@ -20,6 +20,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 RESIZES = ("crop", "letterbox")
+LETTERBOX_FILTERS = ("bilinear", "bicubic")  # torchvision's antialiased tensor resizes
 PADS = ("corner", "centre")
 PAD_FILLS = ("mean", "black")
 
@@ -78,8 +79,9 @@ class Preprocessing:
         resize: ``crop`` (timm's evaluation transform: the shorter side to ``size / crop_pct``,
             then a centre crop; classification) or ``letterbox`` (the longer side to ``size``, then
             padding to a square; detection, segmentation, VQA: nothing is cut off).
-        interpolation: resize filter of ``crop`` (timm's names); the letterbox resizes bilinearly
-            with antialiasing, as the data modules always did.
+        interpolation: the resize filter: of ``crop``, timm's names; of ``letterbox``, ``bilinear``
+            (the default, as the detection and segmentation data modules always did) or ``bicubic``
+            (VQA: CLIP's image processor, resample=3), both antialiased.
         crop_pct: share of the resized image the centre crop keeps (``crop``).
         pad: where the letterbox pads: ``corner`` (bottom/right) or ``centre``.
         pad_fill: ``mean`` (padding added after normalising: zeros, the mean colour) or ``black``
@@ -107,6 +109,11 @@ class Preprocessing:
                 raise ValueError(f"preprocessing {name}={value!r}: expected one of {allowed}")
         if int(self.size) < 1:
             raise ValueError(f"preprocessing size={self.size}: must be positive")
+        if self.resize == "letterbox" and self.interpolation not in LETTERBOX_FILTERS:
+            raise ValueError(
+                f"preprocessing interpolation={self.interpolation!r}: the letterbox resizes with one of "
+                f"{LETTERBOX_FILTERS}"
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Preprocessing:
@@ -133,7 +140,12 @@ class Preprocessing:
             raise ValueError("transforms() is the letterbox's; crop preprocessing is image_transform")
         normalise = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
         pad = PadTo(self.size, mask_fill, centre=self.pad == "centre")
-        resize = v2.Resize(size=None, max_size=self.size, antialias=True)
+        resize = v2.Resize(
+            size=None,
+            max_size=self.size,
+            interpolation=v2.InterpolationMode(self.interpolation),
+            antialias=True,
+        )
         steps = [resize, pad, *normalise] if self.pad_fill == "black" else [resize, *normalise, pad]
         return v2.Compose([*pre, *steps, *post])
 

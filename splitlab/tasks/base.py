@@ -17,8 +17,8 @@ from splitlab.model.base import TRAINED_POLICIES as POLICIES
 from splitlab.rl import BudgetSampler, FractionController, PPOConfig
 from splitlab.tasks.evaluation import PolicyEvaluation, slot
 from splitlab.tasks.state import TaskState
-from splitlab.tasks.training import Stage, StageTraining
-from splitlab.tokenizer import BASELINES, Levels, SplitTokenizer, TokenLayout
+from splitlab.tasks.training import LABEL_TARGETS, Stage, StageTraining
+from splitlab.tokenizer import BASELINES, LabelEmbedding, Levels, SplitTokenizer, TokenLayout
 
 
 class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
@@ -70,6 +70,9 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         imitation_weight: weight of the warm-start BCE.
         teacher_forcing: share of warm-start images whose layout is the imitation labels instead of
             a sample of the policy (`warm_start_layout`).
+        label_target: the patch embedding the imitation labels read: ``initial`` (a frozen copy as
+            the warm start began, a fixed target) or ``live`` (the one being fine-tuned; labels
+            follow it). Measured in docs/budgets.md.
         grad_clip: gradient-norm clip of the task update.
         ppo: PPO settings.
         lambda_lr: integral step of the fraction controller.
@@ -80,6 +83,16 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
             (APT: the warm start fine-tunes backbone and head on entropy layouts at the target
             fraction and PPO is skipped) or ``random``, trained in the same pipeline with the same
             epochs, for a comparison between equally fine-tuned models.
+        entropy_thresholds: APT's per-level entropy thresholds in bits, as APT configures them
+            (``thresholds``), one per level coarser than the finest, coarse to fine: with ``policy:
+            entropy`` a patch splits where its entropy reaches its level's threshold, and the
+            fraction is whatever they give (null: cuts set from the calibration sample to meet
+            ``target_fraction``). APT's own list runs from its 2x-base patches upwards (fine to
+            coarse): reverse it for three or more scales.
+        apt_search: how ``policy: entropy`` sets its cuts without ``entropy_thresholds``: ``metric``
+            (the per-level cuts whose layouts give the lowest task loss at the budget on the
+            calibration sample, with the backbone entering the warm start) or ``quantile`` (the
+            same share of every level's patches split, the cuts before 2026-12-02).
         eval_baselines: baselines evaluated beside the learned layout in validation at the end of
             fit, in ``validate`` and in ``test`` (at the learned layout's realised fraction).
         init_checkpoint: weights to start from (a splitlab checkpoint, e.g. a ``dense`` run).
@@ -113,6 +126,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         imitation_lr: float = 1e-3,
         imitation_weight: float = 1.0,
         teacher_forcing: float = 0.5,
+        label_target: str = "initial",
         grad_clip: float = 1.0,
         ppo: PPOConfig | None = None,
         lambda_lr: float = 0.1,
@@ -120,6 +134,8 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         lambda_damping: float = 0.0,
         lambda_init: float = 0.0,
         policy: str = "learned",
+        entropy_thresholds: Sequence[float] | None = None,
+        apt_search: str = "metric",
         eval_baselines: Sequence[str] | None = ("uniform", "random", "entropy"),
         init_checkpoint: str | None = None,
         sampling_seed: int = 0,
@@ -131,6 +147,8 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         self.automatic_optimization = False
         if policy not in POLICIES:
             raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
+        if label_target not in LABEL_TARGETS:
+            raise ValueError(f"label_target={label_target!r}: expected one of {LABEL_TARGETS}")
         if policy != "learned" and budgets is not None:
             raise ValueError(
                 f"budgets={list(budgets)} needs policy='learned' (a {policy} layout reads no budget)"
@@ -144,6 +162,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         self.stage: Stage = "warm_start"
         self.stage_plan: dict[str, int] | None = None
         self.configure_models()
+        self.check_apt()
         self.sync_deployed()
         self.configure_metrics()
         self._generator: torch.Generator | None = None
@@ -158,6 +177,9 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         hp = self.hparams
         self.model = self.model_class(model_settings(hp, self.model_class.head_keys))
         self.target_fraction = self.model.budget
+        self.label_embedding = LabelEmbedding(
+            self.backbone.model.patch_embed
+        )  # the warm start's fixed target
         points = self.model.tokenizer.operating_points.budgets.tolist()
         self.check_budgets()
         self.budget_sampler = BudgetSampler(len(points))

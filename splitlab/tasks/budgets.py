@@ -3,14 +3,24 @@ policy cuts to meet each one (see docs/budgets.md)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 
 from splitlab.data import SeededIndex
 from splitlab.tokenizer import calibrate_threshold, entropy_scores, fraction_of, level_thresholds
+from splitlab.tokenizer.baselines import (
+    APT_SEARCHES,
+    check_entropy_thresholds,
+    cuts_from_thresholds,
+    layout_fraction,
+    search_level_cuts,
+)
 
 
 class BudgetTraining:
@@ -69,14 +79,16 @@ class BudgetTraining:
         ``calibration_images`` training images (the same ones every time, with the training
         transforms) through embedding and decision module only, no backbone. The global RNG is
         forked, so training randomness is unchanged; under DDP the cuts are averaged over ranks.
-        With ``policy: entropy`` the same sample sets APT's fixed per-level entropy cuts
-        (`level_thresholds`), once: they read pixels only.
+        With ``policy: entropy`` APT's fixed per-level entropy cuts are set once (`set_apt_cuts`; its
+        metric search runs backbone and head on the sample too).
         """
         count = int(self.hparams.calibration_images)
         loader = self.trainer.train_dataloader if self._trainer is not None else None
         learned = self.deployed_policy == "learned"
-        # APT's cuts read pixels only: set once per budget (also before a dense stage ends)
-        apt = self.hparams.policy == "entropy" and not self.model.apt_ready(self.target_fraction)
+        apt = self.apt_pending()
+        if apt and self.hparams.entropy_thresholds is not None:  # APT's own thresholds: no calibration
+            self.model.apt_cuts.copy_(cuts_from_thresholds(self.hparams.entropy_thresholds, self.levels))
+            self.model.apt_fraction.fill_(self.target_fraction)
         if count <= 0 or not (learned or apt) or not isinstance(loader, DataLoader):
             return
         dataset = loader.dataset
@@ -105,14 +117,120 @@ class BudgetTraining:
                 tokens, _ = self.tokenizer.embed(images, self.backbone)
                 for point, budget in enumerate(points.budgets.tolist()):
                     logits[point].append(self.tokenizer.decision_logits(tokens, budget))
-        if apt:
-            per_level = [torch.cat(level) for level in zip(*entropies, strict=True)]
-            self.model.apt_cuts.copy_(
-                self._mean_over_ranks(level_thresholds(per_level, self.target_fraction))
-            )
-            self.model.apt_fraction.fill_(self.target_fraction)
+            if apt:
+                self.set_apt_cuts(sample, entropies)
         if not learned:
             return
         for point, budget in enumerate(points.budgets.tolist()):
             per_level = [torch.cat(level) for level in zip(*logits[point], strict=True)]
             points.set(point, calibrate_threshold(per_level, budget), self._mean_over_ranks)
+            points.record_spread(point, per_level, self._mean_over_ranks)  # any cap meets it too
+
+    # ----------------------------------------------------------------------------- APT trained in the pipeline
+    def check_apt(self) -> None:
+        """Refuse APT settings that cannot take effect, at construction (before data or weights load)."""
+        hp = self.hparams
+        if hp.apt_search not in APT_SEARCHES:
+            raise ValueError(f"apt_search={hp.apt_search!r}: expected one of {APT_SEARCHES}")
+        if hp.entropy_thresholds is None:
+            return
+        if hp.policy != "entropy":
+            raise ValueError(
+                f"entropy_thresholds={list(hp.entropy_thresholds)} fixes the cuts of APT trained in the pipeline, "
+                f"but this run trains policy={hp.policy!r}: set policy: entropy, or remove entropy_thresholds"
+            )
+        check_entropy_thresholds(hp.entropy_thresholds, self.levels)
+
+    def apt_pending(self) -> bool:
+        """Whether APT, the trained policy, still needs its cuts for the deployed budget.
+
+        A metric search waits for the end of a dense stage run in the same fit: it ranks layouts by
+        the loss of the backbone the warm start fine-tunes, which the dense stage is still training
+        (`on_train_epoch_start` then runs it). APT's own thresholds and the same-quantile cuts read
+        pixels only and are set at once.
+        """
+        hp = self.hparams
+        if hp.policy != "entropy" or self.model.apt_ready(self.target_fraction):
+            return False
+        searched = hp.entropy_thresholds is None and hp.apt_search == "metric"
+        return not (searched and self.stage == "dense")
+
+    def on_train_epoch_start(self) -> None:
+        if self.apt_pending():  # a dense stage ran first in this fit: its backbone is ready now
+            self.recalibrate()
+
+    def set_apt_cuts(self, sample: DataLoader, entropies: list[list[Tensor]]) -> None:
+        """Set APT's fixed per-level cuts from the calibration sample (``entropies``: each batch's
+        per-level entropies) and say what they are and the fraction they give the sample.
+
+        ``apt_search: metric`` picks, along the budget constraint, the per-level cuts whose layouts
+        give the lowest task loss with the current backbone and head (`search_level_cuts`; at the
+        start of the warm start: the dense backbone it fine-tunes); ``quantile`` splits the same
+        share of every level (`level_thresholds`), which nothing says is where APT does best, kept
+        to reproduce earlier numbers. With ``entropy_thresholds`` the cuts are APT's own, set already.
+        """
+        hp = self.hparams
+        per_level = [torch.cat(level) for level in zip(*entropies, strict=True)]
+        how = "entropy_thresholds"
+        if hp.entropy_thresholds is None:
+            if hp.apt_search == "quantile":
+                cuts, how = level_thresholds(per_level, self.target_fraction), "same-quantile cuts"
+            else:
+                started = time.perf_counter()
+                cuts, records = search_level_cuts(
+                    per_level,
+                    self.target_fraction,
+                    lambda candidates: self.apt_losses(sample, entropies, candidates),
+                )
+                how = f"{describe_search(records)}, {time.perf_counter() - started:.1f} s"
+            self.model.apt_cuts.copy_(self._mean_over_ranks(cuts))
+            self.model.apt_fraction.fill_(self.target_fraction)
+        fraction = float(layout_fraction(per_level, self.model.apt_cuts).mean())
+        rank_zero_info(
+            f"splitlab: APT's cuts {[round(c, 3) for c in self.model.apt_cuts.tolist()]} bits for the "
+            f"{list(self.levels.sizes[:-1])} px patches ({how}): token fraction {fraction:.3f} on "
+            f"{per_level[0].shape[0]} calibration images (budget {self.target_fraction:g})"
+        )
+
+    def apt_losses(
+        self, sample: DataLoader, entropies: list[list[Tensor]], candidates: list[Tensor]
+    ) -> Tensor:
+        """Mean task loss of each candidate's APT layouts on the calibration sample, one pass over it.
+
+        The backbone and head run in eval mode; where the loss draws samples (detection's), every
+        candidate gets the same draws, so the losses differ by the layouts alone. Averaged over ranks,
+        so that every rank chooses the same cuts.
+        """
+        totals = torch.zeros(len(candidates), dtype=torch.float64, device=self.device)
+        seen = 0
+        state = self.generator.get_state()
+        training = self.training
+        self.eval()
+        try:
+            for batch, levels in zip(sample, entropies, strict=True):
+                images, targets = self.split_batch(self.transfer_batch_to_device(batch, self.device, 0))
+                tokens, _ = self.tokenizer.embed(images, self.backbone)
+                for i, cuts in enumerate(candidates):
+                    scores = [e - c for e, c in zip(levels, cuts.to(self.device), strict=True)]
+                    layout = self.tokenizer.tokenize(tokens, "scores", scores=scores, threshold=0.0)
+                    self.generator.set_state(state)
+                    totals[i] += self.per_sample_loss(self.forward_layout(layout), targets).double().sum()
+                seen += images.shape[0]
+        finally:
+            self.generator.set_state(state)
+            self.train(training)
+        return self._mean_over_ranks((totals / max(seen, 1)).float())
+
+
+def describe_search(records: Sequence[dict[str, Any]]) -> str:
+    """One line on a metric search: the chosen candidate's loss against the same-quantile cuts'."""
+    if not records:
+        return "one non-finest level: the budget alone fixes its cut"
+    chosen = next(r for r in records if r["chosen"])
+    quantile = records[0]
+    met = sum(bool(r["met"]) for r in records)
+    return (
+        f"metric search, {len(records)} candidates ({met} meet the budget): loss {chosen['loss']:.4f} against "
+        f"{quantile['loss']:.4f} of the same-quantile cuts {[round(c, 3) for c in quantile['cuts']]} "
+        f"(fraction {quantile['fraction']:.3f})"
+    )

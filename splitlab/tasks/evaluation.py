@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,6 +102,27 @@ class PolicyEvaluation:
     def on_validation_start(self) -> None:
         if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
             self.recalibrate()
+        self.note_unreachable_budgets()
+
+    def on_test_start(self) -> None:
+        self.note_unreachable_budgets()
+
+    def note_unreachable_budgets(self) -> None:
+        """One line when the hard cap leaves a budget out of reach (the cap keeps whole splits, so
+        ``max_fraction: 0.5`` can mean 31 of 64 tokens): what the deployed policy meets instead."""
+        if self.trainer.sanity_checking or (self.trainer.state.fn == "fit" and self.current_epoch > 0):
+            return  # once per command
+        limit = self.model.cap_limit()
+        over = [
+            b for b in (self.target_fraction, *self.extra_budgets) if limit is not None and b > limit + 1e-9
+        ]
+        if over:
+            finest = math.prod(self.levels.grid(self.levels.num - 1, self.backbone.img_size))
+            rank_zero_info(
+                f"max_fraction={self.model.config['max_fraction']:g} leaves each image at most {round(limit * finest)} of "
+                f"{finest} tokens (whole splits), a fraction of {limit:.3f}: budget "
+                f"{', '.join(f'{b:g}' for b in over)} is out of reach, met at most at {limit:.3f} (every image at the cap)"
+            )
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         return self._eval_step(batch, batch_idx, "val")

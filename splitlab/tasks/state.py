@@ -140,6 +140,7 @@ class TaskState:
             "controller.",
             "budget_sampler.",
             "model.apt_",
+            "label_embedding.",
         )
         weights = upgrade_state_dict(dict(saved.get("state_dict", saved)))
         state = {k: v for k, v in weights.items() if not k.startswith(policy)}
@@ -196,6 +197,8 @@ class TaskState:
             self._fill_rebuilt(checkpoint["state_dict"], state, "the checkpoint")
             for key in ("apt_cuts", "apt_fraction"):  # checkpoints older than APT's fixed cuts: not set
                 checkpoint["state_dict"].setdefault(f"model.{key}", getattr(self.model, key).clone())
+            for key, value in self.label_embedding.state_dict(prefix="label_embedding.").items():
+                checkpoint["state_dict"].setdefault(key, value.clone())  # older: taken at the next warm step
         saved = state.get("model", {})
         if saved.get("preprocessing"):  # a data module, when there is one, sets them again at setup
             self.model.preprocessing = Preprocessing.from_dict(saved["preprocessing"])

@@ -14,6 +14,7 @@ from splitlab.tasks.optimization import Optimization
 from splitlab.tokenizer import fraction_of, policy, warm_start_labels
 
 Stage = Literal["dense", "warm_start", "ppo"]
+LABEL_TARGETS = ("initial", "live")
 STAGES = ("dense", "warm_start", "ppo")
 
 
@@ -71,7 +72,7 @@ class StageTraining(Optimization, BudgetTraining):
         """Dense or warm-start step: task loss on layouts (+ imitation BCE in the warm start)."""
         task_opt, policy_opt = self.optimizers()
         task_sched = self.lr_schedulers()
-        tokens, content = self.tokenizer.embed(images, self.backbone)
+        tokens, _ = self.tokenizer.embed(images, self.backbone)
         stats: dict[str, Tensor] = {}
         if self.stage == "dense":
             uniform = [t.new_ones(t.shape[:3]) for t in tokens[:-1]]
@@ -84,7 +85,7 @@ class StageTraining(Optimization, BudgetTraining):
         else:
             point, budget = self.step_budget()
             logits = self.tokenizer.decision_logits(tokens, budget)
-            labels, _ = warm_start_labels(content, self.levels, budget)
+            labels, _ = warm_start_labels(self.label_content(images), self.levels, budget)
             imitation = sum(
                 F.binary_cross_entropy_with_logits(lg.float(), lab.float(), reduction="sum")
                 for lg, lab in zip(logits, labels, strict=True)
@@ -111,6 +112,15 @@ class StageTraining(Optimization, BudgetTraining):
             self.budget_sampler.update(point, task_loss.detach(), self._mean_over_ranks)
         stats.update(loss=loss.detach(), task_loss=task_loss.detach(), fraction=layout.fraction.mean())
         return stats
+
+    def label_content(self, images: Tensor) -> list[Tensor]:
+        """The patch-content embeddings the imitation labels read (``label_target``): a frozen copy of
+        the patch embedding, taken at the warm start's first step, or the live one."""
+        if self.hparams.label_target == "live":
+            return self.tokenizer.embed.content(images, self.backbone)
+        if not self.label_embedding.ready:
+            self.label_embedding.take(self.backbone.model.patch_embed)
+        return self.tokenizer.embed.content(images, self.label_embedding)
 
     def warm_start_layout(self, tokens: list[Tensor], logits: list[Tensor], labels: list[Tensor]) -> Any:
         """The layouts the backbone fine-tunes on in the warm start: per image, the imitation labels

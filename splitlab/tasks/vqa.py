@@ -31,7 +31,9 @@ class VQATask(SplitTask):
         lm: the language model: a hub name or local folder (a LLaVA checkpoint gives its LM and
             projector), or a config dict (``model_type`` and its settings) for a random-init LM.
         tokenizer: the LM's tokenizer: a hub name / folder, or a ``vocab.json`` word list.
-        prompt: the prompt template, with ``<image>`` and ``{question}``.
+        prompt: the prompt template, with ``<image>`` and ``{question}``: by default LLaVA-1.5's VQA
+            turn (`splitlab.heads.vqa.PROMPT`); ``tasks/vqav2.yaml`` puts vicuna_v1's system prompt
+            first (`LLAVA_PROMPT`), as LLaVA-1.5's evaluation does. A checkpoint keeps its own.
         feature_block: the ViT block whose tokens become visual tokens (negative: from the end).
         token_order: ``raster`` (default: what the LM was trained on) or ``layout``.
         raster_anchor: the cell that places a coarse token in raster order: ``corner`` or ``centre``.
@@ -40,6 +42,9 @@ class VQATask(SplitTask):
         lora: `peft.LoraConfig` settings (e.g. ``{r: 16, lora_alpha: 32}``) to fine-tune LoRA adapters
             of the frozen LM with the ViT instead (dense and warm-start stages); off by default.
         question_types: question types whose accuracy is reported apart (``vqa_q_<type>``).
+        vqa_accuracy_mode: the accuracy's answer normalisation: ``official`` (default: today's
+            official script, as the evaluation server), ``2016`` or ``lmms-eval``
+            (`splitlab.metrics.vqa_score`).
         **kwargs: `SplitTask` arguments.
     """
 
@@ -59,6 +64,7 @@ class VQATask(SplitTask):
         train_lm: bool = False,
         lora: dict[str, Any] | None = None,
         question_types: list[str] | tuple[str, ...] = (),
+        vqa_accuracy_mode: str = "official",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -93,7 +99,8 @@ class VQATask(SplitTask):
         return self.head.bridge.per_image_loss(outputs, questions, answers)
 
     def build_metrics(self) -> MetricCollection:
-        return MetricCollection({"vqa": VQAAccuracy(question_types=list(self.hparams.question_types))})
+        metric = VQAAccuracy(list(self.hparams.question_types), mode=self.hparams.vqa_accuracy_mode)
+        return MetricCollection({"vqa": metric})
 
     def finish_outputs(self, outputs: list[Tensor], targets: list[dict[str, Any]]) -> list[list[str]]:
         """The answers (prefill and greedy decoding), inside the evaluation's clock: in VQA the

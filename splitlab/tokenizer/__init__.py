@@ -22,11 +22,12 @@ from splitlab.tokenizer.baselines import (
 from splitlab.tokenizer.budget import OperatingPoints, budget_points
 from splitlab.tokenizer.decision import SplitDecision
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed
-from splitlab.tokenizer.labels import embedding_difference_scores, warm_start_labels
+from splitlab.tokenizer.labels import LabelEmbedding, embedding_difference_scores, warm_start_labels
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
 from splitlab.tokenizer.quadtree import (
     build_layout,
+    cap_fraction,
     cap_splits,
     count_tokens,
     cover_slots,
@@ -39,6 +40,7 @@ __all__ = [
     "BASELINES",
     "MODES",
     "EmbeddingSource",
+    "LabelEmbedding",
     "Levels",
     "MultiScalePatchEmbed",
     "OperatingPoints",
@@ -49,6 +51,7 @@ __all__ = [
     "budget_points",
     "build_layout",
     "calibrate_threshold",
+    "cap_fraction",
     "cap_splits",
     "count_tokens",
     "cover_slots",

@@ -6,19 +6,26 @@ fed to the same quadtree walk as the learned policy, so comparisons are like for
 ``entropy`` is APT as APT does it (Choudhury et al. 2025, its ``compute_patch_entropy_batched``):
 grayscale ``0.2989 R + 0.5870 G + 0.1140 B`` of pixels in ``[0, 255]``, quantised into 512 bins,
 Shannon entropy in bits, and **one threshold per scale**: a patch of level ``k`` splits where
-its entropy exceeds ``t_k``. Larger patches have systematically higher entropy (measured on the
-generated images: 6.4 bits at 32 px, 6.0 at 16 px, 5.0 at 8 px), so one threshold for all levels
-(``entropy_single``, the old baseline) splits nearly every coarse patch first. To meet a target
-fraction the per-level thresholds are the same quantile of each level's entropies (every level
-splits the same share of its patches), that share found by a grid search over quantiles,
-refined around the best (`level_quantiles` + `calibrate_threshold`): on each evaluation batch for
-the same-backbone comparison rows, once on a calibration sample for APT trained in the pipeline
-(`level_thresholds`, fixed cuts as APT's).
+its entropy reaches ``t_k`` (APT's ``select_patches_by_threshold`` keeps it whole where entropy
+< t). Larger patches have systematically higher entropy (measured on the generated images: 6.4
+bits at 32 px, 6.0 at 16 px, 5.0 at 8 px), so one threshold for all levels (``entropy_single``,
+the old baseline) splits nearly every coarse patch first.
+
+Where the per-level cuts come from:
+
+- on each evaluation batch, for the same-backbone comparison rows: the same quantile of every
+  level's entropies, that share found by a grid search over quantiles (`level_quantiles` +
+  `calibrate_threshold`);
+- for APT trained in the pipeline, fixed cuts in bits, either APT's own thresholds as configured
+  (`cuts_from_thresholds`) or searched once on a calibration sample: the same-quantile slice
+  (`level_thresholds`, ``apt_search: quantile``) or per-level cuts chosen for the lowest task
+  loss at the budget (`search_level_cuts`, ``apt_search: metric``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -188,6 +195,157 @@ def level_thresholds(scores: Sequence[Tensor], target: float) -> Tensor:
         kept = level.float()[rank <= share]  # those the quantile cut leaves coarse
         cuts.append(kept.max() if kept.numel() else level.float().min() - 1.0)
     return torch.stack(cuts)
+
+
+APT_SEARCHES = ("metric", "quantile")  # how APT trained in the pipeline finds its cuts without thresholds
+# A searched candidate may miss the budget on the calibration sample by this much (or by as much as
+# the same-quantile cuts do, where the entropies' ties make the fraction jump), and may not take more
+# tokens than the budget plus this or the same-quantile cuts: a looser bound would let the loss
+# prefer whichever candidate spends more tokens.
+FRACTION_TOLERANCE = 0.005
+
+
+def check_entropy_thresholds(
+    thresholds: Sequence[float], levels: Levels, setting: str = "entropy_thresholds"
+) -> list[float]:
+    """APT's thresholds as floats if there is one per level coarser than the finest, else a one-line error."""
+    values = [float(t) for t in thresholds]
+    want, coarse = levels.num - 1, list(levels.sizes[:-1])
+    if len(values) != want:
+        raise ValueError(
+            f"{setting}={values}: expected {want} value{'s' * (want != 1)} in bits, one per level coarser "
+            f"than the finest, coarse to fine (levels={list(levels.sizes)}: the cuts of its {coarse} px patches)"
+        )
+    if any(math.isnan(v) for v in values):
+        raise ValueError(f"{setting}={values}: a threshold is NaN; give bits (inf never splits that level)")
+    return values
+
+
+def cuts_from_thresholds(thresholds: Sequence[float], levels: Levels) -> Tensor:
+    """APT's per-level thresholds (bits, coarse to fine) as the walk's cuts ("split where entropy > cut").
+
+    APT keeps a patch whole where its entropy is below the threshold (``select_patches_by_threshold``:
+    ``entropy < t``), so a patch *at* the threshold splits; the cut is therefore the float32 just
+    below it. Entropies often sit exactly on whole bits (a patch of two equally frequent gray values
+    has 1 bit), where the two conventions would differ.
+    """
+    values = torch.tensor(check_entropy_thresholds(thresholds, levels), dtype=torch.float32)
+    return torch.nextafter(values, torch.full_like(values, -math.inf))
+
+
+def layout_fraction(scores: Sequence[Tensor], cuts: Tensor) -> Tensor:
+    """Token fraction per image of splitting where each level's score exceeds its cut."""
+    return fraction_of([s.float() > c for s, c in zip(scores, cuts.to(scores[0].device), strict=True)])
+
+
+def share_cut(level: Tensor, share: float) -> Tensor:
+    """The cut that splits (at most, ties stay together) ``share`` of ``level``'s patches."""
+    ordered = level.reshape(-1).float().sort().values
+    whole = min(max(round((1.0 - share) * ordered.numel()), 0), ordered.numel())
+    return ordered[0] - 1.0 if whole == 0 else ordered[whole - 1]
+
+
+def solve_level_cut(scores: Sequence[Tensor], cuts: Tensor, level: int, target: float) -> Tensor:
+    """``cuts`` with level ``level``'s cut the one whose mean fraction is closest to ``target``, the other
+    levels' decisions held (`calibrate_threshold` over that level's scores alone)."""
+    inf = torch.tensor(math.inf, device=scores[0].device)
+    held = [
+        s.float() if k == level else torch.where(s.float() > c, inf, -inf)
+        for k, (s, c) in enumerate(zip(scores, cuts.to(inf.device), strict=True))
+    ]
+    solved = cuts.clone()
+    solved[level] = calibrate_threshold(held, target)
+    return solved
+
+
+def share_range(
+    scores: Sequence[Tensor], cuts: Tensor, level: int, target: float, tolerance: float, steps: int = 30
+) -> tuple[float, float]:
+    """The shares of ``level``'s patches that may split with the budget still reachable by the finest
+    non-finest level (all of it split at the low end, none at the high end); bisection, as the
+    fraction grows with the share."""
+    last = len(scores) - 1
+
+    def fraction(share: float, solved: float) -> float:
+        trial = cuts.clone()
+        trial[level] = share_cut(scores[level], share)
+        trial[last] = solved
+        return float(layout_fraction(scores, trial).mean())
+
+    def boundary(ok: Callable[[float], bool], upward: bool) -> float:
+        lo, hi = 0.0, 1.0  # ok(share) switches once along [0, 1]: the last share on its ok side
+        for _ in range(steps):
+            mid = 0.5 * (lo + hi)
+            if ok(mid) == upward:
+                hi = mid
+            else:
+                lo = mid
+        return hi if upward else lo
+
+    low = boundary(lambda s: fraction(s, -math.inf) >= target - tolerance, upward=True)
+    high = boundary(lambda s: fraction(s, math.inf) <= target + tolerance, upward=False)
+    return low, high
+
+
+def search_level_cuts(
+    scores: Sequence[Tensor],
+    target: float,
+    evaluate: Callable[[list[Tensor]], Tensor],
+    shares: int = 9,
+    tolerance: float = FRACTION_TOLERANCE,
+) -> tuple[Tensor, list[dict[str, float | list[float] | bool]]]:
+    """APT's per-level cuts with the lowest task loss at ``target``, searched on a calibration sample.
+
+    The budget fixes one cut given the others, so the search has one free cut fewer than the
+    non-finest levels: for each coarser level in turn (coordinate descent, one pass), ``shares``
+    shares of its patches to split, spread over the range where the budget stays reachable; the
+    finest non-finest level's cut is then solved to meet the budget (`solve_level_cut`). The
+    same-quantile cuts (`level_thresholds`) are the first candidate, so the search keeps them
+    unless another candidate meets the budget as well and has a lower loss.
+
+    Args:
+        scores: each non-finest level's entropies over the calibration sample.
+        target: the mean token fraction to meet.
+        evaluate: the mean task loss of each candidate's layouts on the sample (the same on every
+            rank: reduce it before returning), one call per coordinate pass.
+        shares: candidates per free level.
+        tolerance: see ``FRACTION_TOLERANCE``.
+
+    Returns:
+        The chosen cuts and one record per evaluated candidate (cuts, fraction, loss, whether it
+        met the budget, whether it was chosen; the first is the same-quantile one).
+    """
+    best = level_thresholds(scores, target)
+    if len(scores) < 2:  # one non-finest level: the budget alone fixes its cut
+        return best, []
+    reference = float(layout_fraction(scores, best).mean())
+    slack = max(tolerance, abs(reference - target))
+    ceiling = max(target + tolerance, reference)
+    records: list[dict[str, float | list[float] | bool]] = []
+    best_loss = math.inf
+    for level in range(len(scores) - 1):
+        low, high = share_range(scores, best, level, target, tolerance)
+        candidates = [best] if not records else []
+        for share in torch.linspace(low, high, shares).tolist() if low <= high else []:
+            trial = best.clone()
+            trial[level] = share_cut(scores[level], share)
+            trial = solve_level_cut(scores, trial, len(scores) - 1, target)
+            if not any(torch.equal(trial, c) for c in candidates) and not torch.equal(trial, best):
+                candidates.append(trial)
+        if not candidates:
+            continue
+        losses = evaluate(candidates).float().cpu()
+        for cuts, loss in zip(candidates, losses.tolist(), strict=True):
+            fraction = float(layout_fraction(scores, cuts).mean())
+            met = abs(fraction - target) <= slack and fraction <= ceiling
+            records.append(
+                {"cuts": cuts.tolist(), "fraction": fraction, "loss": loss, "met": met, "chosen": False}
+            )
+            if met and loss < best_loss:
+                best, best_loss = cuts, loss
+    for record in records:
+        record["chosen"] = record["cuts"] == best.tolist()
+    return best, records
 
 
 def baseline_scores(

@@ -8,14 +8,27 @@ logit cut at which the deterministic policy meets that budget on the training di
 is calibrated like BatchNorm's running statistics: a moving average of each training batch's
 exact cut, reduced across ranks, checkpointed with the model. Between points the cut is
 interpolated, as the decision module's budget input is.
+
+A hard per-image cap (``max_fraction``) removes tokens after the cut, so a cut met without the cap
+falls short under it (measured on the demo run: 0.443 for a budget of 0.50 capped at 0.50). The
+calibration sample therefore also leaves its *spread*: per point, the per-image fractions at a
+grid of cuts, kept as quantiles. Any cap given later, at evaluation or deployment, turns that into
+the cut whose capped layouts meet the budget (`capped_cuts`), with no data.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from splitlab.tokenizer.quadtree import fraction_of
+
+SPREAD_CUTS = 64  # cuts per point at which the calibration sample's fractions are kept
+SPREAD_QUANTILES = 64  # quantiles of the per-image fraction kept at each cut (midpoints)
+CUTS_AT_ONCE = 16  # candidate cuts evaluated together (each is a mask per level of the sample)
 
 
 def budget_points(budgets: Sequence[float], step: float = 0.1) -> list[float]:
@@ -54,6 +67,9 @@ class OperatingPoints(nn.Module):
         self.register_buffer("budgets", torch.tensor(values))
         self.register_buffer("cuts", torch.zeros(len(values)))
         self.register_buffer("counts", torch.zeros(len(values), dtype=torch.long))
+        self.register_buffer("spread_cuts", torch.zeros(len(values), SPREAD_CUTS))
+        self.register_buffer("spread", torch.zeros(len(values), SPREAD_CUTS, SPREAD_QUANTILES))
+        self.register_buffer("spread_counts", torch.zeros(len(values), dtype=torch.long))
 
     @property
     def range(self) -> tuple[float, float]:
@@ -76,12 +92,16 @@ class OperatingPoints(nn.Module):
             )
         return float(budget)
 
-    def cut(self, budget: Tensor) -> Tensor:
+    def cut(self, budget: Tensor, cap: float | None = None) -> Tensor:
         """``(B,)`` logit cuts for ``(B,)`` budgets, linearly interpolated between points.
 
         Points never calibrated cut at logit 0 (p = 0.5), the untrained policy's natural threshold.
+        ``cap``: the most token fraction any image may keep (the cap's own rounding included); where
+        a point's spread is known and the cap binds near its budget, its cut meets the budget under it.
         """
         cuts = torch.where(self.counts > 0, self.cuts, torch.zeros_like(self.cuts))
+        if cap is not None:
+            cuts = torch.where(self.spread_counts > 0, self.capped_cuts(cap, cuts), cuts)
         if cuts.numel() == 1:
             return cuts.expand(budget.shape).to(budget.device)
         b = budget.float().clamp(self.budgets[0], self.budgets[-1])
@@ -108,6 +128,62 @@ class OperatingPoints(nn.Module):
         self.cuts[point] = self._reduced(cut, reduce)
         self.counts[point] += 1
 
-    def _reduced(self, cut: float, reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
-        value = torch.tensor(float(cut), device=self.cuts.device)
+    @torch.no_grad()
+    def record_spread(
+        self, point: int, logits: Sequence[Tensor], reduce: Callable[[Tensor], Tensor] | None = None
+    ) -> None:
+        """Keep point ``point``'s spread: on a calibration sample (``logits`` per non-finest level,
+        ``(N, h, w)``), each image's fraction at `SPREAD_CUTS` cuts, from "split everything" up to
+        the highest logit, as `SPREAD_QUANTILES` quantiles over the images (averaged over ranks)."""
+        flat = torch.cat([lg.reshape(-1).float() for lg in logits])
+        flat = flat[torch.isfinite(flat)].sort().values
+        if flat.numel() == 0:
+            return
+        where = torch.linspace(0, flat.numel() - 1, SPREAD_CUTS - 1, device=flat.device).round().long()
+        grid = torch.cat([flat[:1] - 1.0, flat[where]])  # ascending: fractions fall along it
+        per_image = torch.cat(
+            [
+                fraction_of([lg.float()[None] > t.view(-1, 1, 1, 1) for lg in logits])
+                for t in grid.split(CUTS_AT_ONCE)
+            ]
+        )  # (cuts, N)
+        levels = (torch.arange(SPREAD_QUANTILES, device=flat.device) + 0.5) / SPREAD_QUANTILES
+        spread = torch.quantile(per_image, levels, dim=1).T  # (cuts, quantiles)
+        self.spread_cuts[point] = self._reduced(grid, reduce)
+        self.spread[point] = self._reduced(spread, reduce)
+        self.spread_counts[point] += 1
+
+    def capped_cuts(self, cap: float, exact: Tensor) -> Tensor:
+        """Per point, the cut at which the calibration sample's layouts, each capped at ``cap``, meet
+        the point's budget on average: the capped mean fraction along the cut grid, interpolated
+        linearly. Where the cap does not bind there, the exact cut (``exact``) stands. When the cap
+        makes a budget unreachable, the lowest cut: every image split as far as the cap allows."""
+        capped = self.spread.clamp(max=float(cap)).mean(-1)  # (P, cuts), non-increasing
+        free = self.spread.mean(-1)
+        target = self.budgets[:, None].to(capped.dtype)
+        below = capped <= target
+        last = capped.shape[1] - 1
+        first = torch.where(below.any(1), below.float().argmax(1), torch.full_like(self.counts, last))
+        hi = first.clamp(1, last)[:, None]
+        lo = hi - 1
+        m_lo, m_hi = capped.gather(1, lo), capped.gather(1, hi)
+        g_lo, g_hi = self.spread_cuts.gather(1, lo), self.spread_cuts.gather(1, hi)
+        w = ((m_lo - target) / (m_lo - m_hi).clamp_min(1e-9)).clamp(0.0, 1.0)
+        cut = (g_lo + w * (g_hi - g_lo)).squeeze(1)
+        binds = ((m_lo < free.gather(1, lo) - 1e-6) | (m_hi < free.gather(1, hi) - 1e-6)).squeeze(1)
+        return torch.where(binds, cut, exact)
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        for name in ("spread_cuts", "spread", "spread_counts"):  # weights saved before the spread was kept
+            state_dict.setdefault(prefix + name, getattr(self, name).clone())
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _reduced(self, cut: float | Tensor, reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
+        value = (
+            cut.to(self.cuts.device)
+            if isinstance(cut, Tensor)
+            else torch.tensor(float(cut), device=self.cuts.device)
+        )
         return reduce(value) if reduce is not None else value

@@ -56,28 +56,35 @@ class MultiScalePatchEmbed(nn.Module):
             nn.init.zeros_(proj.weight)
             nn.init.zeros_(proj.bias)
 
-    def forward(self, images: Tensor, source: EmbeddingSource) -> tuple[list[Tensor], list[Tensor]]:
-        """Embed ``images`` at every level.
-
-        Returns:
-            ``tokens`` (content + position + level, what enters the blocks) and ``raw`` (the
-            backbone's patch embedding of each level's downsampled patches alone, without the
-            trainable children projection: the warm-start labels read these, so their target does
-            not drift while that projection trains), each a list of ``(B, h_k, w_k, D)`` tensors,
-            coarse to fine.
-        """
+    def content(self, images: Tensor, source: EmbeddingSource) -> list[Tensor]:
+        """Each level's patches downsampled (antialiased) to the finest patch size and embedded by
+        ``source`` alone, no position, level or children projection: ``(B, h_k, w_k, D)``, coarse to
+        fine. The warm-start labels read these from a frozen copy of the initial patch embedding
+        (`splitlab.tokenizer.labels.LabelEmbedding`), so their target does not drift."""
         self.levels.check_image(images.shape[-2:])
         h, w = images.shape[-2:]
         raw: list[Tensor] = [source.embed_patches(images)]
-        content: list[Tensor] = [raw[0]]
         for k in reversed(range(self.levels.num - 1)):
             factor = self.levels.cells(k)
             small = F.interpolate(
                 images, size=(h // factor, w // factor), mode="bilinear", antialias=True, align_corners=False
             )
-            children = space_to_depth(content[0]).flatten(-2)
             raw.insert(0, source.embed_patches(small))
-            content.insert(0, raw[0] + self.child_proj[k](children))
+        return raw
+
+    def forward(self, images: Tensor, source: EmbeddingSource) -> tuple[list[Tensor], list[Tensor]]:
+        """Embed ``images`` at every level.
+
+        Returns:
+            ``tokens`` (content + position + level, what enters the blocks) and ``raw`` (`content`:
+            the source's patch embedding of each level's downsampled patches alone), each a list of
+            ``(B, h_k, w_k, D)`` tensors, coarse to fine.
+        """
+        raw = self.content(images, source)
+        content: list[Tensor] = [raw[-1]]
+        for k in reversed(range(self.levels.num - 1)):
+            children = space_to_depth(content[0]).flatten(-2)
+            content.insert(0, raw[k] + self.child_proj[k](children))
         tokens = []
         for k, c in enumerate(content):
             # Added uncast, as timm adds its position embedding: under autocast the patch embedding

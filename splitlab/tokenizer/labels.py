@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from splitlab.tokenizer.baselines import calibrate_threshold
 from splitlab.tokenizer.embed import space_to_depth
@@ -46,3 +48,36 @@ def warm_start_labels(content: Sequence[Tensor], levels: Levels, target: float) 
     scores = embedding_difference_scores(content)
     threshold = calibrate_threshold(scores, levels.check_fraction(target))
     return [s > threshold for s in scores], threshold
+
+
+class LabelEmbedding(nn.Module):
+    """A frozen copy of the backbone's patch embedding as the warm start began: the fixed target the
+    labels are read from. The warm start fine-tunes the backbone's own patch embedding, and labels
+    read from it drift with it (perturbing it changed 8 of 16 coarse labels on one batch).
+
+    The copy is taken by `take` at the warm start's first step (after an ``init_checkpoint`` or a
+    dense stage has set the weights), kept in the task's checkpoint and never trained.
+    """
+
+    def __init__(self, patch_embed: nn.Module) -> None:
+        super().__init__()
+        self.patch_embed = copy.deepcopy(patch_embed).requires_grad_(False)
+        self.register_buffer("taken", torch.tensor(False))
+        self.ready = False  # `taken` as a Python bool: checked every step without a device sync
+
+    @torch.no_grad()
+    def take(self, patch_embed: nn.Module) -> None:
+        """Copy ``patch_embed``'s weights now; they stay fixed from here on."""
+        self.patch_embed.load_state_dict(patch_embed.state_dict())
+        self.taken.fill_(True)
+        self.ready = True
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.ready = bool(self.taken)
+
+    @torch.no_grad()
+    def embed_patches(self, images: Tensor) -> Tensor:
+        """``(B, C, h*p, w*p)`` -> ``(B, h, w, D)``, as the backbone's ``embed_patches`` did at `take`."""
+        x = self.patch_embed.proj(images).permute(0, 2, 3, 1)
+        return self.patch_embed.norm(x)

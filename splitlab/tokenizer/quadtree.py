@@ -101,6 +101,12 @@ def cap_splits(decisions: Sequence[Tensor], priority: Sequence[Tensor], max_toke
     return [k.view_as(d) for k, d in zip(keep.split(sizes, 1), decisions, strict=True)]
 
 
+def cap_fraction(max_tokens: int, coarse: int, finest: int) -> float:
+    """The most token fraction `cap_splits` leaves an image: a split adds three tokens, so a cap
+    of ``max_tokens`` keeps ``coarse + 3 * ((max_tokens - coarse) // 3)`` of ``finest``."""
+    return (coarse + 3 * ((int(max_tokens) - coarse) // 3)) / finest
+
+
 def cover_slots(keep: Sequence[Tensor], slots: Tensor, levels: Levels) -> Tensor:
     """``(B, Hf, Wf)``: for each finest cell, the slot of the token covering it (exactly one level
     keeps each cell). ``slots`` ``(B, M)`` gives every patch's slot, level after level; a fixed-shape

@@ -15,7 +15,7 @@ from splitlab.tokenizer.decision import SplitDecision
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed, space_to_depth
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
-from splitlab.tokenizer.quadtree import build_layout, cap_splits
+from splitlab.tokenizer.quadtree import build_layout, cap_fraction, cap_splits
 
 Mode = Literal["sample", "threshold", "labels", "scores"]
 MODES = ("sample", "threshold", "labels", "scores")
@@ -145,9 +145,9 @@ class SplitTokenizer(nn.Module):
         elif mode == "threshold":
             if threshold is None:
                 batch = tokens[0].shape[0]
-                cut = self.operating_points.cut(self.budget_of(budget, batch, tokens[0].device)).view(
-                    -1, 1, 1
-                )
+                cap = None if max_tokens is None else self.cap_fraction(max_tokens, tokens)
+                budgets = self.budget_of(budget, batch, tokens[0].device)
+                cut = self.operating_points.cut(budgets, cap).view(-1, 1, 1)
             elif 0.0 < threshold < 1.0:
                 cut = math.log(threshold / (1.0 - threshold))
             else:
@@ -156,6 +156,13 @@ class SplitTokenizer(nn.Module):
         else:
             decisions = [d.bool() for d in self._check_per_level("labels", labels, tokens)]
         return self._capped(decisions, logits, max_tokens), logits
+
+    @staticmethod
+    def cap_fraction(max_tokens: int, tokens: Sequence[Tensor]) -> float:
+        """The token fraction a cap of ``max_tokens`` leaves an image of these grids at most."""
+        return cap_fraction(
+            max_tokens, tokens[0].shape[1] * tokens[0].shape[2], tokens[-1].shape[1] * tokens[-1].shape[2]
+        )
 
     @staticmethod
     def _capped(decisions: list[Tensor], priority: Sequence[Tensor], max_tokens: int | None) -> list[Tensor]:

@@ -14,7 +14,17 @@ import torch
 from PIL import Image
 
 from splitlab.data.vqa import ANSWER_TYPES, QUESTION_TYPES, SPECIAL_TOKENS, VQAv2Data, vqa_words
-from splitlab.data.vqa_scenes import COLOURS, generate_vqa, render_vqa_scene
+from splitlab.data.vqa_scenes import (
+    BACKGROUNDS,
+    COLOURS,
+    PATTERNS,
+    SCENES,
+    SHAPES,
+    fine_pattern,
+    generate_vqa,
+    render_vqa_scene,
+    shape_mask,
+)
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +192,14 @@ def test_one_patterned_square_the_one_asked_about(tmp_path: Path) -> None:
         ({"patterned": "some"}, "patterned='some'"),
         ({"questions_per_scene": 5}, "questions_per_scene=5"),
         ({"square": (0.3, 0.2)}, "square=(0.3, 0.2)"),
+        ({"shape": "hexagon"}, "shape='hexagon'"),
+        ({"patterns": ("checks", "dots")}, "patterns=('checks', 'dots')"),
+        ({"patterns": ("checks",)}, "patterns=('checks',)"),
+        ({"patterns": ("checks", "checks")}, "patterns=('checks', 'checks')"),
+        ({"objects": (1, 3)}, "objects=(1, 3)"),
+        ({"objects": (2, 5)}, "objects=(2, 5)"),
+        ({"objects": (3, 2)}, "objects=(3, 2)"),
+        ({"background": "grass"}, "background='grass'"),
     ],
 )
 def test_generator_settings_are_checked(tmp_path: Path, setting: dict, named: str) -> None:
@@ -197,6 +215,104 @@ def test_same_seed_same_files(tmp_path: Path) -> None:
     b = files(generate_vqa(tmp_path / "b", image_size=48, train=2, val=1, seed=5))
     c = files(generate_vqa(tmp_path / "c", image_size=48, train=2, val=1, seed=6))
     assert a == b and a != c
+
+
+def _digest(root: Path) -> str:
+    """SHA-256 over the files (decoded pixels for PNGs, so a zlib build cannot change it), the
+    dataset note (``splitlab_dataset.json``, which lists the newer settings too) left out."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.name != "splitlab_dataset.json":
+            h.update(str(path.relative_to(root)).encode())
+            h.update(np.asarray(Image.open(path)).tobytes() if path.suffix == ".png" else path.read_bytes())
+    return h.hexdigest()
+
+
+def test_the_default_and_the_twins_scenes_are_unchanged(tmp_path: Path) -> None:
+    """The shape, pattern, count and background settings leave the original scenes as they were
+    (digests of the generator before those settings): the twin's measured numbers stand."""
+    default = generate_vqa(tmp_path / "default", image_size=64, train=3, val=2, seed=7)
+    assert _digest(default) == "a036c6e9e1f896f520d409fb11531c57919b5e23dea5124e26f85e5fb09206f7"
+    twin = {**SCENES["twin"], "train": 3, "val": 2}
+    assert _digest(generate_vqa(tmp_path / "twin", seed=7, **twin)) == (
+        "7e221938a9612be121b5ba745406e237274de507e633f94dd7055d8caab44d04"
+    )
+    meta = json.loads((default / "splitlab_dataset.json").read_text())
+    assert meta["patterns"] == ["horizontal", "vertical", "checks"]
+    assert (meta["shape"], meta["objects"], meta["background"]) == ("square", [2, 3], "busy")
+
+
+@pytest.mark.parametrize("kind", list(PATTERNS))
+def test_every_pattern_averages_out_at_4x4(kind: str) -> None:
+    """Half of every 4x4 window is light, whatever the offset: colour from coarse tokens, the pattern
+    only from fine ones."""
+    mask = fine_pattern(kind, 17).astype(np.float64)
+    windows = np.lib.stride_tricks.sliding_window_view(mask, (4, 4)).mean(axis=(2, 3))
+    assert np.all(windows == 0.5)
+
+
+def test_patterns_differ_and_pairs_differ_only_in_orientation() -> None:
+    masks = {kind: fine_pattern(kind, 16) for kind in PATTERNS}
+    assert len({m.tobytes() for m in masks.values()}) == len(PATTERNS)
+    assert np.array_equal(masks["hstripes"].T, masks["vstripes"])
+    # rising ("/") mirrored left-right is a falling ("\\") pattern, up to where the stripes start
+    mirrored = masks["rising"][:, ::-1]
+    assert any(np.array_equal(mirrored, np.roll(masks["falling"], k, axis=1)) for k in range(4))
+    with pytest.raises(ValueError, match="pattern 'dots'"):
+        fine_pattern("dots", 8)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("background", BACKGROUNDS)
+def test_shapes_and_backgrounds(shape: str, background: str) -> None:
+    """Each object is its shape in its base colour; the pattern lies inside the shape only."""
+    rng = np.random.default_rng(11)
+    for _ in range(4):
+        img, objects = render_vqa_scene(
+            rng,
+            64,
+            square=(0.25, 0.31),
+            shade=0.35,
+            patterned="one",
+            shape=shape,
+            patterns=("rising", "falling", "zigzag"),
+            objects=(3, 4),
+            background=background,
+        )
+        assert 3 <= len(objects) <= 4 and {o["shape"] for o in objects} == {shape}
+        for o in objects:
+            x0, y0, x1, y1 = o["box"]
+            inside = shape_mask(shape, x1 - x0)
+            pixels = img[y0:y1, x0:x1][inside].astype(np.float64)
+            if o["pattern"] is None:
+                assert pixels.std(axis=0).max() < 1  # plain: one colour over the whole shape
+            else:
+                assert o["pattern"] in ("rising", "falling", "zigzag")
+                assert pixels.std(axis=0).max() > 40  # the pattern at 0.35 contrast
+            assert inside[0, 0] == (shape == "square")  # the top-left corner is background otherwise
+    with pytest.raises(ValueError, match="shape='hexagon'"):
+        shape_mask("hexagon", 8)
+
+
+def test_questions_name_the_shape_and_the_pattern_set(tmp_path: Path) -> None:
+    root = generate_vqa(tmp_path / "c", seed=2, **{**SCENES["circles"], "train": 30, "val": 5})
+    annotations = json.loads((root / "v2_mscoco_train2014_annotations.json").read_text())["annotations"]
+    questions = json.loads((root / "v2_OpenEnded_mscoco_train2014_questions.json").read_text())["questions"]
+    assert all("square" not in q["question"] for q in questions)
+    assert all(" circle" in q["question"] for q in questions)
+    answers = {a["question_type"]: set() for a in annotations}
+    for a in annotations:
+        answers[a["question_type"]].add(a["multiple_choice_answer"])
+    assert answers["what pattern"] <= {"horizontal", "vertical", "rising", "falling", "checks"}
+    assert len(answers["what pattern"]) >= 4
+    assert answers.get("how many", {"3"}) <= {"3", "4"}
+    meta = json.loads((root / "splitlab_dataset.json").read_text())
+    assert meta["shape"] == "circle" and meta["objects"] == [3, 4] and meta["background"] == "flat"
+    assert meta["patterns"] == ["horizontal", "vertical", "rising", "falling", "checks"]
+    vocab = json.loads((root / "vocab.json").read_text())
+    assert {"circle", "circles", "rising", "falling"} <= set(vocab)
 
 
 def test_datamodule_groups_questions_by_image(vqa_root: Path) -> None:
@@ -484,6 +600,27 @@ def test_command_writes_the_set(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert run(["data", "vqa", "--out", str(tmp_path / "cli3"), "--train", "2", "--val", "1", *twin]) == 0
     meta = json.loads((tmp_path / "cli3" / "splitlab_dataset.json").read_text())
     assert (meta["patterned"], meta["shade"], meta["questions_per_scene"]) == ("one", 0.35, 2)
+    other = ["--shape", "triangle", "--patterns", "rising", "falling", "zigzag", "--objects", "3", "4"]
+    other += ["--background", "noise"]
+    assert run(["data", "vqa", "--out", str(tmp_path / "cli4"), "--train", "2", "--val", "1", *other]) == 0
+    meta = json.loads((tmp_path / "cli4" / "splitlab_dataset.json").read_text())
+    assert (meta["shape"], meta["objects"], meta["background"]) == ("triangle", [3, 4], "noise")
+    assert meta["patterns"] == ["rising", "falling", "zigzag"]
+
+
+def test_the_commands_choices_are_the_generators() -> None:
+    """``splitlab data vqa`` lists its choices without importing the generator: they must agree."""
+    import argparse
+
+    from splitlab.commands import data
+
+    parser = argparse.ArgumentParser()
+    data.add_parser(parser.add_subparsers(dest="command"))
+    vqa = parser._subparsers._group_actions[0].choices["data"]._subparsers._group_actions[0].choices["vqa"]
+    choices = {a.dest: tuple(a.choices) for a in vqa._actions if a.choices}
+    assert choices["shape"] == SHAPES
+    assert choices["patterns"] == tuple(PATTERNS)
+    assert choices["background"] == BACKGROUNDS
 
 
 @pytest.mark.parametrize(("pad", "content_rows"), [("corner", range(0, 32)), ("centre", range(16, 48))])
@@ -495,3 +632,57 @@ def test_letterbox_pads_at_the_corner_or_evenly(vqa_root: Path, pad: str, conten
     assert image.shape == (3, 64, 64) and filled == list(content_rows)
     with pytest.raises(ValueError, match="data.pad='middle': expected 'corner' or 'centre'"):
         VQAv2Data(root=str(vqa_root), pad="middle")
+
+
+def test_images_are_resized_bicubic_as_clips_processor_and_as_the_deployed_model(
+    tmp_path: Path, vqa_root: Path
+) -> None:
+    """LLaVA-1.5's vision tower reads images through CLIP's image processor (openai/clip-vit-large-patch14-336:
+    ``resample=3``, bicubic, antialiased): a square image (no padding) comes out as the processor makes it.
+    The deployed model (its `Preprocessing`, as config.json stores it) resizes as validation does, and
+    a model saved with the older bilinear letterbox keeps it."""
+    from torchvision.transforms import v2
+    from transformers import CLIPImageProcessor
+
+    from splitlab.data.vqa import CLIP_STD
+    from splitlab.model import Preprocessing
+    from splitlab.model.preprocess import PadTo
+
+    rng = np.random.default_rng(0)
+    square = Image.fromarray(rng.integers(0, 256, (150, 150, 3), dtype=np.uint8))
+    clip = CLIPImageProcessor(size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64})
+    assert clip.resample == 3
+    theirs = clip(square, return_tensors="pt")["pixel_values"][0]
+    ours = VQAv2Data(root=str(vqa_root), img_size=64, num_workers=0).transform()(square)
+    bilinear = VQAv2Data(root=str(vqa_root), img_size=64, num_workers=0, interpolation="bilinear")
+    one_level = 1 / 255 / min(CLIP_STD)  # one grey level, normalised (PIL's bicubic and torch's differ by 1)
+    assert ours.shape == theirs.shape == (3, 64, 64)
+    assert (ours - theirs).abs().max() <= 1.5 * one_level
+    assert (bilinear.transform()(square) - theirs).abs().max() > 10 * one_level
+
+    root = _copy(vqa_root, tmp_path)
+    dm = VQAv2Data(root=str(root), img_size=48, num_workers=0)  # the 64 px scenes are resized
+    dm.setup("validate")
+    folder = dm.datasets["val"].dataset
+    file = folder.items[0]["source"]
+    Image.open(file).convert("RGB").crop((0, 0, 64, 40)).save(file)  # wide: resized and padded
+    image, _ = folder[0]
+    deployed = Preprocessing.from_dict(json.loads(json.dumps(dm.preprocessing.to_dict())))
+    assert deployed.interpolation == "bicubic" and deployed.pad == dm.hparams.pad
+    assert torch.equal(image, deployed(Image.open(file))[0])
+    older = Preprocessing.from_dict({**deployed.to_dict(), "interpolation": "bilinear"})
+    as_before = v2.Compose(  # the letterbox before it took the interpolation: bilinear, antialiased
+        [
+            v2.PILToTensor(),
+            v2.Resize(size=None, max_size=48, antialias=True),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(older.mean, older.std),
+            PadTo(48),
+        ]
+    )
+    assert torch.equal(older(Image.open(file))[0], as_before(Image.open(file).convert("RGB")))
+    assert not torch.equal(older(Image.open(file))[0], image)
+    with pytest.raises(ValueError, match="data.interpolation='nearest': expected 'bicubic' or 'bilinear'"):
+        VQAv2Data(root=str(vqa_root), interpolation="nearest")
+    with pytest.raises(ValueError, match="the letterbox resizes with one of"):
+        Preprocessing(64, interpolation="lanczos")

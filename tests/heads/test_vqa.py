@@ -9,7 +9,16 @@ import pytest
 import torch
 
 from splitlab.backbone import PackedViT
-from splitlab.heads.vqa import LanguageBridge, VQAHead, build_language_model, build_tokenizer, token_order
+from splitlab.heads.vqa import (
+    LLAVA_PROMPT,
+    PROMPT,
+    SYSTEM_PROMPT,
+    LanguageBridge,
+    VQAHead,
+    build_language_model,
+    build_tokenizer,
+    token_order,
+)
 from splitlab.tokenizer import SplitTokenizer
 from tests.helpers import layout_of
 
@@ -157,6 +166,99 @@ def test_prompt_and_vocabulary_refusals(bridge, tmp_path) -> None:
         LanguageBridge(bridge.lm, no_eos, template="<image> {question}")
     with pytest.raises(FileNotFoundError, match="no such vocabulary file"):
         build_tokenizer(str(tmp_path / "missing.json"))
+
+
+# The LLaVA prompt's words as they are written (the word-level tokenizer is case sensitive), then the
+# question's and the answer's: ids 0-4 the special tokens, 5-30 the system prompt and "USER :", 31-35 the
+# question, 36-43 the instruction and "ASSISTANT", 44 the answer.
+LLAVA_WORDS = ["<pad>", "<unk>", "<s>", "</s>", "<image>", "A", "chat", "between", "a", "curious", "user"]
+LLAVA_WORDS += ["and", "an", "artificial", "intelligence", "assistant", ".", "The", "gives", "helpful", ","]
+LLAVA_WORDS += ["detailed", "polite", "answers", "to", "the", "'", "s", "questions", "USER", ":", "What"]
+LLAVA_WORDS += ["color", "is", "it", "?", "Answer", "question", "using", "single", "word", "or", "phrase"]
+LLAVA_WORDS += ["ASSISTANT", "red"]
+
+
+def test_the_llava_prompt_is_llava_15s_vqav2_prompt_token_by_token(tmp_path) -> None:
+    """`LLAVA_PROMPT` is what haotian-liu/LLaVA's VQAv2 evaluation sends (llava/eval/model_vqa_loader.py with
+    conv vicuna_v1 of llava/conversation.py, SeparatorStyle.TWO): the system prompt, sep " ", then
+    "USER: " + "<image>\\n" + the question file's text (the question, "\\nAnswer the question using a single
+    word or phrase.") + sep " " + "ASSISTANT:". The LM reads <s>, the text before <image>, the visual
+    tokens, the text after it, then (teacher forcing) the answer and </s>: every id written out by hand."""
+    question = "What color is it?"
+    system = (
+        "A chat between a curious user and an artificial intelligence assistant. The assistant gives "
+        "helpful, detailed, and polite answers to the user's questions."
+    )
+    turn = "<image>\n" + question + "\n" + "Answer the question using a single word or phrase."
+    by_hand = system + " " + "USER: " + turn + " " + "ASSISTANT:"
+    assert LLAVA_PROMPT.format(question=question) == by_hand
+    assert PROMPT.format(question=question) == "USER: " + turn + " ASSISTANT:" and system == SYSTEM_PROMPT
+
+    (tmp_path / "vocab.json").write_text(json.dumps(LLAVA_WORDS))
+    text = build_tokenizer(str(tmp_path / "vocab.json"))
+    language, _ = build_language_model(LM, vocab_size=len(text))
+    llava = LanguageBridge(language.eval(), text, template=LLAVA_PROMPT)
+    assert llava.before == system + " USER: "
+    assert llava.after == "\n{question}\nAnswer the question using a single word or phrase. ASSISTANT:"
+    bos, eos = [2], [3]
+    system_ids = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]  # A chat ... intelligence assistant .
+    # The assistant gives helpful , detailed , and polite answers to the user ' s questions .
+    system_ids += [17, 15, 18, 19, 20, 21, 20, 11, 22, 23, 24, 25, 10, 26, 27, 28, 16]
+    before = [*bos, *system_ids, 29, 30]  # ... USER :
+    after = [31, 32, 33, 34, 35]  # What color is it ?
+    after += [36, 25, 37, 38, 8, 39, 40, 41, 42, 16, 43, 30]  # Answer the question ... phrase . ASSISTANT :
+    answer = [44, *eos]  # red </s>
+    assert 1 not in before + after + answer  # no <unk>: every word of the prompt is in the list
+    assert text(llava.before, add_special_tokens=False)["input_ids"] == before[1:]
+    assert text(llava.after.format(question=question), add_special_tokens=False)["input_ids"] == after
+    visual = torch.randn(3, 32)
+    inputs, mask, labels, _, _ = llava.prompts([visual], [[question]], [["red"]])
+    embed = language.get_input_embeddings()
+    with torch.no_grad():
+        expected = torch.cat([embed(torch.tensor(before)), visual, embed(torch.tensor(after + answer))])
+    assert (
+        inputs.shape[1] == len(before) + 3 + len(after) + len(answer) and int(mask.sum()) == inputs.shape[1]
+    )
+    assert torch.equal(inputs[0], expected)
+    assert labels[0].tolist() == [-100] * (len(before) + 3 + len(after)) + answer  # only "red </s>" is taught
+    # without the system prompt (PROMPT): the same turn, <s> then "USER :" right before the image
+    plain = LanguageBridge(language.eval(), text)
+    inputs, _, _, _, _ = plain.prompts([visual], [[question]], None)
+    with torch.no_grad():
+        expected = torch.cat([embed(torch.tensor([*bos, 29, 30])), visual, embed(torch.tensor(after))])
+    assert torch.equal(inputs[0], expected)
+
+
+def test_a_checkpoint_keeps_the_prompt_it_was_trained_with(tmp_path) -> None:
+    """A task saved with the old default prompt (before LLaVA's "\\n" ahead of "Answer") loads with that
+    prompt, as a task and as a deployed model: the template is a hyperparameter and in the model config."""
+    import lightning
+
+    from splitlab.model.load import from_checkpoint
+    from splitlab.tasks import VQATask
+    from tests.tasks.test_per_image_loss import TINY
+
+    old = "USER: <image>\n{question} Answer the question using a single word or phrase. ASSISTANT:"
+    (tmp_path / "vocab.json").write_text(json.dumps(WORDS))
+    settings = {"lm": LM, "tokenizer": str(tmp_path / "vocab.json"), **TINY}
+    task = VQATask(prompt=old, **settings)
+    checkpoint = {
+        "state_dict": task.state_dict(),
+        "hyper_parameters": dict(task.hparams),
+        "pytorch-lightning_version": lightning.__version__,
+    }
+    task.on_save_checkpoint(checkpoint)
+    assert checkpoint["splitlab"]["model"]["head"]["prompt"] == old
+    file = tmp_path / "old.ckpt"
+    torch.save(checkpoint, file)
+    loaded = VQATask.load_from_checkpoint(file, weights_only=False)
+    model = from_checkpoint(file)
+    for bridge in (loaded.head.bridge, model.head.bridge):
+        assert (bridge.before, bridge.after) == (
+            "USER: ",
+            "\n{question} Answer the question using a single word or phrase. ASSISTANT:",
+        )
+    assert VQATask(**settings).hparams.prompt == PROMPT  # a new task saves today's default explicitly
 
 
 def tiny_llava(folder, vision_width: int = 32, vocab_size: int = 100):

@@ -58,8 +58,12 @@ def tiny_model(task: str, folder: Path | None = None, **settings) -> SplitModel:
     model = SplitModel.from_config(config).eval()
     torch.nn.init.normal_(model.tokenizer.decision.mlp.fc2.weight, std=1.0)
     with torch.no_grad():  # as a trained policy would be: a calibrated cut per budget point
-        model.tokenizer.operating_points.cuts.copy_(torch.linspace(0.4, -0.4, 5))
-        model.tokenizer.operating_points.counts.fill_(1)
+        points = model.tokenizer.operating_points
+        points.cuts.copy_(torch.linspace(0.4, -0.4, 5))
+        points.counts.fill_(1)
+        tokens, _ = model.tokenizer.embed(images(16, seed=1), model.backbone)  # and its spread: a cap
+        for point, budget in enumerate(points.budgets.tolist()):  # meets the budget too
+            points.record_spread(point, model.tokenizer.decision_logits(tokens, budget))
     return model
 
 

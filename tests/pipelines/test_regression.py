@@ -1,9 +1,9 @@
 """CI regression: on generated data one budget-conditioned policy meets each budget it is asked for
 (0.3, 0.5, 0.7 within ±0.03) and beats random and entropy layouts at the same fraction with the same
 frozen backbone; a hard cap at the mean budget costs almost nothing. Against APT trained in the same
-pipeline (its own fine-tuned backbone, same data, same dense start, same epochs) the learned policy
-wins on the default data (busy background: pixel entropy points away from the object) and comes
-within 0.02 where entropy is the right cue (flat background).
+pipeline (its own fine-tuned backbone, same data, same dense start, same epochs, its per-level
+entropy cuts searched for the lowest loss at the budget) the learned policy comes within 0.02, on
+the default data (busy background) as where entropy is the right cue (flat background).
 
 The whole pipeline runs as a user would run it (`splitlab demo`'s steps through the LightningCLI):
 generated shapes -> dense tiny backbone -> warm start -> PPO -> evaluation in threshold mode.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from splitlab.cli import lightning_main
 from splitlab.commands.demo import ci_recipe, run_pipeline
@@ -58,17 +59,21 @@ def apt_trained(run, measured, background: str) -> tuple[float, float]:
     apt = run_pipeline(run.parent / "apt", seed=0, quiet=True, policy="entropy", reuse=run)
     learned = json.loads((run / "summary.json").read_text())["policies"]["learned"]
     mine = apt["policies"]["entropy"]
+    ckpt = run.parent / "apt" / "checkpoints" / "last.ckpt"
+    cuts = torch.load(ckpt, weights_only=False)["state_dict"]["model.apt_cuts"].tolist()
     measured(  # the numbers belong in the CI log
         f"{background} background: learned top-1 {learned['metric']:.3f} at {learned['token_fraction_mean']:.3f}, "
-        f"APT-trained {mine['metric']:.3f} at {mine['token_fraction_mean']:.3f}"
+        f"APT-trained {mine['metric']:.3f} at {mine['token_fraction_mean']:.3f} (cuts {[round(c, 3) for c in cuts]} bits)"
     )
     assert apt["trained_policy"] == "entropy" and abs(mine["token_fraction_mean"] - 0.5) <= 0.05
     return learned["metric"], mine["metric"]
 
 
-def test_learned_policy_beats_apt_trained_on_the_default_data(busy, measured) -> None:
+def test_learned_policy_matches_apt_trained_on_the_default_data(busy, measured) -> None:
+    """APT at its best here splits every 32 px patch and the busiest 16 px ones (seed 0: 0.975 against
+    SPLIT's 0.977); with the same share of both levels split it scored 0.28 (docs/comparison.md)."""
     learned, apt = apt_trained(busy[0], measured, "busy")
-    assert learned >= apt + 0.05
+    assert learned >= apt - 0.02
 
 
 def test_learned_policy_matches_apt_trained_where_entropy_is_the_right_cue(
@@ -99,6 +104,29 @@ def test_learned_policy_meets_every_budget_and_beats_the_baselines(busy, tmp_pat
     row = json.loads((capped / "summary.json").read_text())["policies"]["learned"]
     assert row["token_fraction_max"] <= 0.5
     assert row["metric"] >= record["policies"]["learned"]["metric"] - 0.01
+
+
+def test_every_budget_of_the_range_is_met_between_points_and_under_the_cap(busy, measured) -> None:
+    """The conditioned policy trained at 0.3, 0.4, ... 0.7 meets budgets between those points (its cut
+    interpolated), and a hard cap at the budget or 0.1 above it still meets the budget on the mean:
+    the cut is calibrated for capped layouts (the calibration sample's spread), where a cut calibrated
+    without the cap fell to 0.443 at 0.5 capped at 0.5."""
+    from PIL import Image
+
+    import splitlab
+
+    run, _ = busy
+    model = splitlab.load(run)
+    files = sorted((run / "data" / "val").rglob("*.png"))
+    images = torch.stack([model.preprocessing.image_transform(Image.open(f).convert("RGB")) for f in files])
+    for budget in (0.35, 0.45, 0.55, 0.65):
+        for cap in (None, budget, budget + 0.1):
+            with torch.no_grad():
+                layout = model.layout(images, budget=budget, max_fraction=cap)
+            mean, top = float(layout.fraction.mean()), float(layout.fraction.max())
+            measured(f"budget {budget}, cap {cap}: mean fraction {mean:.3f}, max {top:.3f}")
+            assert abs(mean - budget) <= 0.03, f"budget {budget} with cap {cap}: mean {mean:.3f}"
+            assert cap is None or top <= cap
 
 
 def test_a_trained_run_predicts_its_files_as_validate_scores_them(busy, tmp_path, capsys) -> None:

@@ -6,7 +6,12 @@ The twin's data (`generate_for`): one patterned square per scene, the pattern qu
 question per image, so its from-scratch 2-layer LM learns to read the pattern within the dense stage
 (docs/vqa.md). Measured over seeds 0-2 on its 450 validation images (docs/vqa.md): learned - random
 +0.097 / +0.107 / +0.116 overall, +0.22 / +0.22 / +0.22 on the pattern question; learned - uniform
--0.007 / -0.012 / -0.018."""
+-0.007 / -0.012 / -0.018.
+
+So that passing does not rest on the one generator configuration the twin was built around, the slow
+sweep (`test_the_vqa_twin_reads_fine_detail_on_scenes_it_was_not_built_around`) trains and checks the
+same pipeline on `SCENES` "circles" and "triangles" (other shapes, five or six patterns with
+orientation-only pairs, 2-4 objects, flat or noise backgrounds; docs/vqa.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import pytest
 
 from splitlab.cli import lightning_main
 from splitlab.commands.demo import ci_recipe, run_pipeline
+from splitlab.data.vqa_scenes import SCENES
 from tests.helpers import TWO_CPU_RANKS, launch, one_point_curve
 
 KINDS = ("vqa_q_what_pattern", "vqa_q_what_color", "vqa_q_is_there", "vqa_q_how_many")
@@ -55,6 +61,7 @@ def test_the_learned_policy_reads_the_fine_detail_at_half_the_tokens(vqa_run) ->
     learned, uniform, random, entropy = (rows[k] for k in ("learned", "uniform", "random", "entropy"))
     assert abs(random["token_fraction_mean"] - learned["token_fraction_mean"]) <= 0.05  # matched fraction
     pattern = "vqa_q_what_pattern"
+    assert uniform[pattern] >= 0.9  # the dense model reads the pattern: the question tests the tokens
     assert learned[pattern] >= random[pattern] + 0.10
     assert learned[pattern] >= entropy[pattern] + 0.20
     assert learned["metric"] >= random["metric"] + 0.05
@@ -147,3 +154,44 @@ def test_the_vqa_twin_meets_its_budget_across_seeds(tmp_path, seed, measured) ->
     )
     assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
     assert learned["vqa_q_what_pattern"] >= random["vqa_q_what_pattern"] + 0.10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "scenes",
+    [
+        "circles",
+        pytest.param(  # the threshold stands; the run misses it (docs/vqa.md, "Other scenes")
+            "triangles",
+            marks=pytest.mark.xfail(  # strict: an XPASS fails, so the marker goes when it passes
+                reason="measured 2026-12-02 with a 128-wide LM and 24 dense epochs: uniform reads the "
+                "pattern at 0.841 (0.880 after the dense stage), not 0.9; learned - random +0.059. "
+                "Also tried (dense stage, pattern): flat background 0.965; pattern question only 0.423; "
+                "3600 images 0.227; 3 coarse questions + 3 LM layers 0.258; 3 LM layers 0.781",
+                strict=True,
+            ),
+        ),
+    ],
+)
+def test_the_vqa_twin_reads_fine_detail_on_scenes_it_was_not_built_around(tmp_path, scenes, measured) -> None:
+    """The twin's pipeline, unchanged, on generator configurations other than its own (train and
+    evaluate on each): the dense model reads the fine pattern and the learned policy keeps it at half
+    the tokens where random does not. Entropy is not held to a margin: on a flat background the
+    patterned object is the one busy region, so entropy is the right cue there (docs/vqa.md)."""
+    record = run_pipeline(tmp_path / "run", seed=0, quiet=True, task="vqa", scenes=scenes)
+    meta = json.loads((tmp_path / "run" / "data" / "splitlab_dataset.json").read_text())
+    assert meta["shape"] == SCENES[scenes]["shape"]
+    rows = record["policies"]
+    pattern = "vqa_q_what_pattern"
+    measured(  # the numbers belong in the CI log
+        f"vqa {scenes}: "
+        + ", ".join(
+            f"{k} {v['metric']:.3f} (pattern {v[pattern]:.3f}) @ {v['token_fraction_mean']:.3f}"
+            for k, v in rows.items()
+        )
+    )
+    learned, uniform, random = rows["learned"], rows["uniform"], rows["random"]
+    assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    assert abs(random["token_fraction_mean"] - learned["token_fraction_mean"]) <= 0.05  # matched fraction
+    assert uniform[pattern] >= 0.9
+    assert learned[pattern] >= random[pattern] + 0.10

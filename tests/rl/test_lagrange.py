@@ -37,3 +37,28 @@ def test_controller_state_round_trips() -> None:
 def test_controller_uses_the_reduced_mean() -> None:
     ctrl = FractionController(target=0.5, lr=1.0, gain=0.0, smoothing=0.0, reduce=lambda t: t * 0 + 0.7)
     assert ctrl.update(0.1) == pytest.approx(0.2)
+
+
+def test_each_budget_point_keeps_its_own_multiplier_worked_by_hand() -> None:
+    """Three points; lr 0.1, gain 0.5, damping 0.2, smoothing 0.5: each step moves its own point only,
+    and λ between points is interpolated linearly."""
+    ctrl = FractionController([0.3, 0.5, 0.7], lr=0.1, gain=0.5, damping=0.2, smoothing=0.5)
+    # point 1 first step: e = 0.6 - 0.5 = 0.1 (unsmoothed), I = 0.1 * 0.1 = 0.01, λ = 0.01 + 0.5 * 0.1
+    assert ctrl.update(0.6, point=1) == pytest.approx(0.06)
+    assert ctrl.values.tolist() == pytest.approx([0.0, 0.06, 0.0])
+    # point 0 first step: e = 0.4 - 0.3 = 0.1, the same arithmetic; point 1 untouched
+    assert ctrl.update(0.4, point=0) == pytest.approx(0.06)
+    # point 1 second step: e = 0.05, smoothed 0.5 * 0.1 + 0.5 * 0.05 = 0.075, change 0.075 - 0.1 = -0.025,
+    # I = 0.01 + 0.1 * 0.05 = 0.015, λ = 0.015 + 0.5 * 0.075 + 0.2 * (-0.025) = 0.0475
+    assert ctrl.update(0.55, point=1) == pytest.approx(0.0475)
+    # point 2 first step: e = 0.2, I = 0.02, λ = 0.02 + 0.5 * 0.2 = 0.12
+    assert ctrl.update(0.9, point=2) == pytest.approx(0.12)
+    assert ctrl.values.tolist() == pytest.approx([0.06, 0.0475, 0.12])
+    assert ctrl.steps.tolist() == [1, 2, 1] and ctrl.total_steps == 4
+    assert ctrl.value_at(0.3) == pytest.approx(0.06)
+    assert ctrl.value_at(0.4) == pytest.approx((0.06 + 0.0475) / 2)
+    assert ctrl.value_at(0.65) == pytest.approx(0.0475 + 0.75 * (0.12 - 0.0475))
+    assert ctrl.value_at(0.1) == pytest.approx(0.06) and ctrl.value_at(0.95) == pytest.approx(0.12)  # clamped
+    # a step below target: e = -0.2, smoothed 0.5 * 0.1 + 0.5 * (-0.2) = -0.05, change -0.15,
+    # I = 0.01 - 0.02 -> clamped to 0, λ = 0 - 0.025 - 0.03 < 0 -> 0
+    assert ctrl.update(0.1, point=0) == 0.0 and float(ctrl.integral[0]) == 0.0

@@ -4,6 +4,7 @@ command line, the hard cap, refusals, and `splitlab curve`."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -62,21 +63,31 @@ def test_the_budget_given_at_validate_takes_effect(conditioned, shapes_root, tmp
         summary_of("validate", shapes_root, ckpt, tmp_path / "c", "--model.init_args.target_fraction=0.9")
 
 
-def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path) -> None:
+def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path, caplog) -> None:
     ckpt = conditioned / "checkpoints" / "last.ckpt"
-    capped = summary_of(
-        "test",
-        shapes_root,
-        ckpt,
-        tmp_path,
-        "--model.init_args.max_fraction=0.4",
-        "--model.init_args.target_fraction=0.4",
-    )
+    with caplog.at_level(logging.INFO):
+        capped = summary_of(
+            "test",
+            shapes_root,
+            ckpt,
+            tmp_path,
+            "--model.init_args.max_fraction=0.4",
+            "--model.init_args.target_fraction=0.4",
+        )
+    # 0.4 of 64 tokens is 25.6: 25 allowed, 4 coarse + 3 per split keeps 25, i.e. 0.391 < 0.4, said once
+    said = [r.getMessage() for r in caplog.records if "out of reach" in r.getMessage()]
+    assert said == [
+        "max_fraction=0.4 leaves each image at most 25 of 64 tokens (whole splits), a fraction of 0.391: "
+        "budget 0.4 is out of reach, met at most at 0.391 (every image at the cap)"
+    ]
     rows = capped["policies"]
     assert rows["learned"]["token_fraction_max"] <= 0.4
+    # calibrated for capped layouts (the fit's calibration sample kept its spread): near the cap's reach
+    assert rows["learned"]["token_fraction_mean"] == pytest.approx(0.391, abs=0.03)
     assert rows["uniform"]["token_fraction_mean"] == 1.0
-    for baseline in ("random", "entropy"):  # at the capped policy's realised fraction, under the target
-        assert rows[baseline]["token_fraction_mean"] < 0.37, baseline
+    learned = rows["learned"]["token_fraction_mean"]
+    for baseline in ("random", "entropy"):  # at the capped policy's realised fraction, not the target
+        assert rows[baseline]["token_fraction_mean"] == pytest.approx(learned, abs=0.03), baseline
     # a comparison row is not capped: it meets the matched mean fraction, single images above the cap;
     # an explicit max_fraction binds any policy
     from splitlab.model import load
@@ -268,3 +279,63 @@ def test_a_resumed_fit_of_an_unconditioned_policy_refuses_another_budget(shapes_
             "--model.init_args.target_fraction=0.3",
             f"--ckpt_path={ckpt}",
         )
+
+
+APT = ["--model.init_args.policy=entropy", "--model.init_args.budgets=null"]
+
+
+def test_apt_thresholds_from_the_setting_are_its_cuts(shapes_root, tmp_path) -> None:
+    """``entropy_thresholds`` are APT's cuts in bits as given, no calibration: on the hand-made image
+    whose patch entropies are known (0, 1, 2 and 0.811 bits) the deployed layout is the one worked
+    out by hand (tests/tokenizer/test_baselines.py), whatever fraction that is."""
+    from tests.tokenizer.test_baselines import hand_made_quadrants
+
+    cli = fit(
+        shapes_root, tmp_path, *schedule_args(1, 0), *APT, "--model.init_args.entropy_thresholds=[1.0,1.5]"
+    )
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert (
+        saved["model.apt_cuts"].tolist() == pytest.approx([1.0, 1.5])
+        and float(saved["model.apt_fraction"]) == 0.5
+    )
+    model = cli.model.model.eval()
+    mean = torch.tensor(model.preprocessing.mean).view(1, 3, 1, 1)
+    std = torch.tensor(model.preprocessing.std).view(1, 3, 1, 1)
+    with torch.no_grad():
+        layout = model.layout((hand_made_quadrants() - mean) / std, policy="entropy")
+    assert float(layout.fraction) == 22 / 64  # 1 + 1 + 4 + 16 tokens
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            [*APT, "--model.init_args.entropy_thresholds=[5.5]"],
+            r"entropy_thresholds=\[5.5\]: expected 2 values in bits",
+        ),
+        (
+            ["--model.init_args.entropy_thresholds=[6.0,5.0]"],
+            r"entropy_thresholds=\[6.0, 5.0\] fixes the cuts of APT.*policy='learned'",
+        ),
+        (
+            [*APT, "--model.init_args.apt_search=grid"],
+            r"apt_search='grid': expected one of \('metric', 'quantile'\)",
+        ),
+    ],
+)
+def test_bad_apt_settings_are_refused(shapes_root, tmp_path, settings, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        fit(shapes_root, tmp_path, *settings)
+
+
+def test_apt_metric_search_waits_for_the_dense_stage(shapes_root, tmp_path, caplog) -> None:
+    """The search ranks layouts by the loss of the backbone the warm start fine-tunes: with a dense
+    stage in the same fit it runs when the warm start begins, not on the untrained backbone."""
+    with caplog.at_level(logging.INFO):
+        fit(shapes_root, tmp_path, *schedule_args(1, 0, dense=1), *APT)
+    checkpoints = tmp_path / "checkpoints"
+    dense = torch.load(next(checkpoints.glob("epoch=0-*.ckpt")), weights_only=False)["state_dict"]
+    warm = torch.load(next(checkpoints.glob("epoch=1-*.ckpt")), weights_only=False)["state_dict"]
+    assert float(dense["model.apt_fraction"]) == -1.0 and float(warm["model.apt_fraction"]) == 0.5
+    said = [r.getMessage() for r in caplog.records if "APT's cuts" in r.getMessage()]
+    assert len(said) == 1 and "metric search, 10 candidates" in said[0]

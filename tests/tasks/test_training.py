@@ -18,7 +18,16 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["task"] == "classification" and summary["metric"] == "top1"
     assert summary["target_fraction"] == 0.5
-    assert summary["lambda"] == pytest.approx(cli.model.controller.value_at(0.5))  # the deployed budget's λ
+    # the deployed budget's λ, from the controller's saved state: I + k_p e + k_d Δe at the point 0.5
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    hp, point = cli.model.hparams, cli.model.controller.targets.index(0.5)
+    by_hand = max(
+        0.0,
+        float(saved["controller.integral"][point])
+        + hp.lambda_gain * float(saved["controller.error"][point])
+        + hp.lambda_damping * float(saved["controller.change"][point]),
+    )
+    assert summary["lambda"] == pytest.approx(by_hand, abs=1e-6)
     assert cli.model.controller.total_steps > 0  # which PPO moved
     assert set(summary["policies"]) == {"learned", "uniform", "random", "entropy"}
     rows = summary["policies"]
@@ -269,29 +278,69 @@ def test_a_resume_on_another_number_of_ranks_is_named() -> None:
     assert task.stage == "ppo" and torch.equal(task.generator.get_state(), states[0])
 
 
-def test_the_warm_start_imitates_labels_of_the_raw_embeddings(shapes_root, tmp_path, monkeypatch) -> None:
-    """The imitation target is taken on the patch embeddings before the trainable children projection
-    and level embedding (the second output of ``embed``): with the tokens the warm start trains, the
-    target would drift as they train (and start out identical for every patch)."""
+def test_the_warm_start_labels_read_a_frozen_copy_of_the_initial_patch_embedding(
+    shapes_root, tmp_path, monkeypatch
+) -> None:
+    """The warm start fine-tunes the backbone's patch embedding; the labels' target does not move with
+    it: every step reads the labels from the patch embedding as it was when the warm start began, on
+    the content embeddings alone (no children projection, position or level embedding)."""
     import splitlab.tasks.training as training
-    from splitlab.tokenizer import MultiScalePatchEmbed
+    from splitlab.tokenizer import LabelEmbedding, MultiScalePatchEmbed
 
-    embedded, labelled = [], []
-    embed, labels = MultiScalePatchEmbed.forward, training.warm_start_labels
+    read, labelled = [], []
+    content, labels = MultiScalePatchEmbed.content, training.warm_start_labels
 
-    def spy_embed(self, *args, **kwargs):
-        out = embed(self, *args, **kwargs)
-        embedded.append(out)
+    def spy_content(self, images, source):
+        out = content(self, images, source)
+        if isinstance(source, LabelEmbedding):
+            read.append((out, {k: v.clone() for k, v in source.patch_embed.state_dict().items()}))
         return out
 
-    def spy_labels(content, *args, **kwargs):
-        labelled.append(content)
-        return labels(content, *args, **kwargs)
+    def spy_labels(given, *args, **kwargs):
+        labelled.append(given)
+        return labels(given, *args, **kwargs)
 
-    monkeypatch.setattr(MultiScalePatchEmbed, "forward", spy_embed)
+    monkeypatch.setattr(MultiScalePatchEmbed, "content", spy_content)
     monkeypatch.setattr(training, "warm_start_labels", spy_labels)
-    fit(shapes_root, tmp_path, *schedule_args(1, 0), "--trainer.limit_train_batches=2")
-    assert len(labelled) == 2
-    for content in labelled:  # each is the raw output of an embed call, never the tokens
-        (tokens, raw) = next(out for out in embedded if out[1] is content)
-        assert not any(torch.equal(t, c) for t, c in zip(tokens, content, strict=True))
+    cli = fit(
+        shapes_root,
+        tmp_path,
+        *schedule_args(1, 0, also=[{"class_path": "tests.helpers.StartWeights"}]),
+        "--trainer.limit_train_batches=3",
+    )
+    assert len(labelled) == 3 and all(given is out for given, (out, _) in zip(labelled, read, strict=True))
+    start = next(c.weights for c in cli.trainer.callbacks if isinstance(c, StartWeights))
+    key = "model.backbone.model.patch_embed.proj.weight"
+    for _, weights in read:  # the same weights at every step: those the fit started from
+        assert torch.equal(weights["proj.weight"], start[key])
+    end = cli.model.state_dict()
+    assert not torch.equal(end[key], start[key])  # while the backbone's own moved
+    assert torch.equal(end["label_embedding.patch_embed.proj.weight"], start[key])
+    assert bool(end["label_embedding.taken"])
+
+
+def test_live_labels_follow_the_fine_tuned_patch_embedding(shapes_root, tmp_path, monkeypatch) -> None:
+    """``label_target: live`` reads the labels from the backbone being fine-tuned (the earlier
+    behaviour, kept to compare); an unknown target is refused naming the setting."""
+    from splitlab.backbone import PackedViT
+    from splitlab.tokenizer import MultiScalePatchEmbed
+
+    sources = []
+    content = MultiScalePatchEmbed.content
+
+    def spy_content(self, images, source):
+        sources.append(type(source))
+        return content(self, images, source)
+
+    monkeypatch.setattr(MultiScalePatchEmbed, "content", spy_content)
+    cli = fit(
+        shapes_root,
+        tmp_path,
+        *schedule_args(1, 0),
+        "--trainer.limit_train_batches=2",
+        "--model.init_args.label_target=live",
+    )
+    # every embedding read, the labels' included, is the live backbone's; no frozen copy is taken
+    assert sources and set(sources) == {PackedViT} and not cli.model.label_embedding.ready
+    with pytest.raises(ValueError, match=r"label_target='frozen': expected one of \('initial', 'live'\)"):
+        fit(shapes_root, tmp_path / "bad", "--model.init_args.label_target=frozen")

@@ -152,3 +152,111 @@ def test_apt_fixed_cuts_reproduce_the_calibrated_sample_and_judge_each_image_alo
     assert all(torch.equal(a, f[:1]) for a, f in zip(alone, fixed, strict=True))
     per_image = fraction_of(fixed)
     assert float(per_image.max() - per_image.min()) > 0.2  # busy images take more tokens, as APT's
+
+
+def hand_made_quadrants() -> torch.Tensor:
+    """A 64 px image whose 32 px quadrants have entropies known by hand (pixels in [0, 1], gray):
+
+    - top left: flat, 0 bits at every scale;
+    - top right: a one-pixel checkerboard of two values, 1 bit in every 32 and 16 px patch;
+    - bottom left: four values tiled 2x2, 2 bits in every 32 and 16 px patch;
+    - bottom right: flat left half, checkerboard right half: its 32 px patch holds one value on
+      3/4 of its pixels, the other on 1/4, so -(3/4 log2 3/4 + 1/4 log2 1/4) = 0.811 bits; its
+      16 px children are flat (0 bits) on the left, checkerboards (1 bit) on the right.
+    """
+    img = torch.zeros(1, 3, 64, 64)
+    yy, xx = torch.meshgrid(torch.arange(32), torch.arange(32), indexing="ij")
+    checker = ((yy + xx) % 2).float()
+    img[:, :, :32, 32:] = checker
+    img[:, :, 32:, :32] = ((yy % 2) * 2 + (xx % 2)).float() / 3  # 0, 1/3, 2/3, 1: distinct bins
+    img[:, :, 32:, 48:] = checker[:, 16:]
+    return img
+
+
+def test_apt_thresholds_from_the_setting_are_used_as_given() -> None:
+    """APT's thresholds in bits, coarse to fine, split where entropy reaches the threshold (APT keeps a
+    patch whole where entropy < t): the layouts worked by hand on `hand_made_quadrants`."""
+    from splitlab.tokenizer import entropy_scores
+    from splitlab.tokenizer.baselines import cuts_from_thresholds, layout_fraction
+
+    levels = Levels.build((32, 16, 8))
+    scores = entropy_scores(hand_made_quadrants(), levels)
+    assert scores[0][0].flatten().tolist() == pytest.approx([0.0, 1.0, 2.0, 0.811278], abs=1e-5)
+    assert scores[1][0, 2:, 2:].tolist() == [[0.0, 1.0], [0.0, 1.0]]
+    # [1, 1]: the 1 bit and 2 bit quadrants split (1 bit: at the threshold), then all 8 of their
+    # children (1 and 2 bits); the flat and the 0.811 bit quadrants stay whole: 1 + 1 + 16 + 16 tokens
+    # [1, 1.5]: the checkerboard's 1 bit children stay whole: 1 + 1 + 4 + 16
+    # [0.8, 1.5]: the 0.811 bit quadrant splits too, none of its children: 1 + 4 + 4 + 16
+    for thresholds, tokens in (([1.0, 1.0], 34), ([1.0, 1.5], 22), ([0.8, 1.5], 25), ([0.0, 0.0], 64)):
+        cuts = cuts_from_thresholds(thresholds, levels)
+        assert float(layout_fraction(scores, cuts)) == tokens / 64, thresholds
+    assert cuts_from_thresholds([5.5, 4.0], levels).tolist() == pytest.approx([5.5, 4.0])
+
+
+@pytest.mark.parametrize("thresholds", [[5.5], [6.0, 5.0, 4.0], []])
+def test_apt_thresholds_of_the_wrong_length_are_refused(thresholds) -> None:
+    from splitlab.tokenizer.baselines import cuts_from_thresholds
+
+    with pytest.raises(ValueError, match=r"entropy_thresholds=.*: expected 2 values in bits, one per level"):
+        cuts_from_thresholds(thresholds, Levels.build((32, 16, 8)))
+    with pytest.raises(ValueError, match="a threshold is NaN"):
+        cuts_from_thresholds([math.nan, 1.0], Levels.build((32, 16, 8)))
+
+
+def busy_sample(count: int = 64) -> list[torch.Tensor]:
+    """Per-level entropies of images from flat to busy."""
+    from splitlab.tokenizer import entropy_scores
+
+    gen = torch.Generator().manual_seed(3)
+    images = torch.rand(count, 3, 64, 64, generator=gen) ** torch.linspace(0.2, 6, count).view(-1, 1, 1, 1)
+    return entropy_scores(images, Levels.build((32, 16, 8)))
+
+
+def test_metric_search_picks_the_per_level_cuts_with_the_lowest_loss() -> None:
+    """A loss that pays for every 32 px patch left whole: the best layouts at the budget split as many
+    coarse patches as the budget allows and fewer fine ones, not the same share of both levels."""
+    from splitlab.tokenizer.baselines import (
+        layout_fraction,
+        level_thresholds,
+        search_level_cuts,
+        share_cut,
+        solve_level_cut,
+    )
+
+    scores, target = busy_sample(), 0.5
+    calls: list[int] = []
+
+    def loss(cuts: torch.Tensor) -> float:
+        return float((scores[0] <= cuts[0]).float().mean())  # share of coarse patches left whole
+
+    def evaluate(candidates: list[torch.Tensor]) -> torch.Tensor:
+        calls.append(len(candidates))
+        return torch.tensor([loss(c) for c in candidates])
+
+    cuts, records = search_level_cuts(scores, target, evaluate)
+    quantile = level_thresholds(scores, target)
+    assert calls == [10]  # the same-quantile cuts and 9 shares, in one pass
+    assert records[0]["cuts"] == quantile.tolist() and not records[0]["chosen"]
+    assert float(layout_fraction(scores, cuts).mean()) == pytest.approx(target, abs=0.005)
+    assert loss(cuts) < loss(quantile) - 0.1
+    chosen = [r for r in records if r["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["loss"] == min(r["loss"] for r in records if r["met"])
+    # worked exhaustively: every coarse cut, the fine cut solved for the budget: none meeting it is better
+    best = math.inf
+    for share in torch.linspace(0, 1, 257).tolist():
+        trial = quantile.clone()
+        trial[0] = share_cut(scores[0], share)
+        trial = solve_level_cut(scores, trial, 1, target)
+        if abs(float(layout_fraction(scores, trial).mean()) - target) <= 0.005:
+            best = min(best, loss(trial))
+    assert loss(cuts) == pytest.approx(best, abs=1 / 64)
+
+
+def test_metric_search_keeps_the_same_quantile_cuts_when_nothing_is_better() -> None:
+    from splitlab.tokenizer.baselines import level_thresholds, search_level_cuts
+
+    scores = busy_sample()
+    cuts, records = search_level_cuts(scores, 0.5, lambda c: torch.ones(len(c)))
+    assert torch.equal(cuts, level_thresholds(scores, 0.5)) and records[0]["chosen"]
+    more = search_level_cuts(scores, 0.5, lambda c: -torch.tensor([float(x[1]) for x in c]))[0]
+    assert not torch.equal(more, cuts)  # a loss that wants a low fine cut moves it

@@ -141,3 +141,59 @@ def test_a_budget_conditioned_policy_reads_the_budget(tiny_vit) -> None:
         tok(x, tiny_vit)
     with pytest.raises(ValueError, match=r"budgets=1.5 is outside the range"):
         SplitTokenizer(tiny_vit.embed_dim, (64, 32, 16), budgets=[0.5, 1.5])
+
+
+def capped_mean(logits: list[torch.Tensor], cut: float, max_tokens: int) -> float:
+    """Mean token fraction of ``logits`` split where they pass ``cut``, each image capped."""
+    decisions = cap_splits([lg > cut for lg in logits], logits, max_tokens)
+    return float(count_tokens(decisions).float().mean()) / 64
+
+
+def test_the_spread_meets_the_budget_under_any_cap() -> None:
+    """Calibrated without a cap, a budget of 0.5 capped at 0.5 falls short; the spread's cut meets it
+    (up to the cap's whole splits), a cap that does not bind keeps the exact cut, and one that makes
+    the budget unreachable splits all it allows."""
+    from splitlab.tokenizer import cap_fraction
+
+    g = torch.Generator().manual_seed(0)
+    # 2x2 coarse, 4x4 middle, 8x8 finest; each image with its own offset, so fractions spread out
+    offset = torch.randn(400, 1, 1, generator=g) * 1.5
+    logits = [torch.randn(400, 2, 2, generator=g) + offset, torch.randn(400, 4, 4, generator=g) + offset]
+    points = OperatingPoints([0.3, 0.5, 0.7])
+    for p, budget in enumerate([0.3, 0.5, 0.7]):
+        points.set(p, calibrate_threshold(logits, budget))
+        points.record_spread(p, logits)
+    half = torch.tensor([0.5])
+    exact = float(points.cut(half))
+    assert capped_mean(logits, exact, 64) == pytest.approx(0.5, abs=0.01)
+    assert capped_mean(logits, exact, 40) < 0.47  # the cap removes tokens the uncapped cut counted on
+    for cap_tokens in (32, 40, 48):  # at the budget, budget + 0.125, + 0.25
+        cap = cap_fraction(cap_tokens, 4, 64)
+        cut = float(points.cut(half, cap))
+        assert cut < exact
+        assert capped_mean(logits, cut, cap_tokens) == pytest.approx(min(0.5, cap), abs=0.015), cap_tokens
+    assert float(points.cut(half, 1.0)) == exact  # a cap that never binds: the exact cut
+    # a cap below the budget's reach (28 of 64 tokens): every image split as far as the cap allows
+    low = float(points.cut(half, cap_fraction(28, 4, 64)))
+    assert capped_mean(logits, low, 28) == pytest.approx(cap_fraction(28, 4, 64))
+    # between points the capped cuts interpolate as the exact ones do
+    cuts = points.cut(torch.tensor([0.3, 0.4, 0.5]), cap_fraction(40, 4, 64))
+    assert float(cuts[1]) == pytest.approx(0.5 * float(cuts[0] + cuts[2]))
+
+
+def test_the_cap_fraction_counts_whole_splits() -> None:
+    from splitlab.tokenizer import cap_fraction
+
+    # 4 coarse tokens, 32 allowed: (32 - 4) // 3 = 9 splits, 4 + 27 = 31 tokens of 64
+    assert cap_fraction(32, 4, 64) == 31 / 64
+    assert cap_fraction(31, 4, 64) == 31 / 64 and cap_fraction(34, 4, 64) == 34 / 64
+
+
+def test_weights_saved_before_the_spread_load_without_it() -> None:
+    points = OperatingPoints([0.3, 0.7])
+    points.set(0, 1.5)
+    old = {k: v for k, v in points.state_dict().items() if not k.startswith("spread")}
+    fresh = OperatingPoints([0.3, 0.7])
+    fresh.load_state_dict(old)  # strict: the spread starts empty
+    assert float(fresh.cuts[0]) == 1.5 and int(fresh.spread_counts.sum()) == 0
+    assert float(fresh.cut(torch.tensor([0.3]), 0.4)) == 1.5  # no spread: the exact cut stands
