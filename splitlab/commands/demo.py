@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     demo.add_argument(
         "--scenes",
-        choices=("twin", "circles", "triangles"),
+        choices=("twin", "circles", "triangles", "diamonds"),
         default="twin",
         help="VQA: which generated scenes (splitlab.data.vqa_scenes.SCENES; docs/vqa.md)",
     )
@@ -60,6 +60,7 @@ PIPELINES = {
 # files added to both stages and to the dense stage only (docs/vqa.md, "Other scenes")
 VQA_SCENES_CONFIGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "triangles": (("vqa_wide_lm.yaml",), ("vqa_long_dense.yaml",)),
+    "diamonds": (("vqa_wide_lm.yaml",), ("vqa_long_dense.yaml",)),
 }
 
 

@@ -86,44 +86,44 @@ SYNONYMS = {
 }
 
 
+# What every named configuration shares: the twin's size, contrast, one patterned object per scene
+# and two questions per image (the pattern one and one coarse one)
+_SCENE_BASE: dict[str, Any] = {
+    "image_size": 64,
+    "train": 1200,
+    "val": 450,
+    "shade": 0.35,
+    "patterned": "one",
+    "questions_per_scene": 2,
+}
 SCENES: dict[str, dict[str, Any]] = {  # named configurations: generate_vqa's settings
     # the CI twin's data (`splitlab demo --task vqa`): squares, 3 patterns, 2-3 objects, busy background
-    "twin": {
-        "image_size": 64,
-        "train": 1200,
-        "val": 450,
-        "square": (0.19, 0.25),
-        "shade": 0.35,
-        "patterned": "one",
-        "questions_per_scene": 2,
-    },
+    "twin": {**_SCENE_BASE, "square": (0.19, 0.25)},
     # scenes the twin was not built around (docs/vqa.md): other shapes, five or six patterns with
     # orientation-only pairs, more objects, other backgrounds
     "circles": {
-        "image_size": 64,
-        "train": 1200,
-        "val": 450,
+        **_SCENE_BASE,
         "square": (0.22, 0.28),
-        "shade": 0.35,
-        "patterned": "one",
-        "questions_per_scene": 2,
         "shape": "circle",
         "patterns": ("hstripes", "vstripes", "rising", "falling", "checks"),
         "objects": (3, 4),
         "background": "flat",
     },
     "triangles": {
-        "image_size": 64,
-        "train": 1200,
-        "val": 450,
+        **_SCENE_BASE,
         "square": (0.25, 0.31),
-        "shade": 0.35,
-        "patterned": "one",
-        "questions_per_scene": 2,
         "shape": "triangle",
         "patterns": ("rising", "falling", "zigzag", "vstripes", "hstripes", "checks"),
         "objects": (2, 4),
         "background": "noise",
+    },
+    "diamonds": {
+        **_SCENE_BASE,
+        "square": (0.25, 0.31),
+        "shape": "diamond",
+        "patterns": ("zigzag", "vstripes", "hstripes", "rising", "falling"),
+        "objects": (2, 4),
+        "background": "busy",
     },
 }
 
