@@ -208,9 +208,7 @@ def run_pipeline(
     if made and reuse is not None:
         raise FileNotFoundError(f"--reuse {reuse}: no finished demo run there (no data/.complete)")
     # the background shapes the classification data only, the scenes the VQA data only
-    shaped = {"background": background} if task == "classification" else {}
-    if task == "vqa":
-        shaped = {"scenes": scenes}
+    shaped = {"classification": {"background": background}, "vqa": {"scenes": scenes}}.get(task, {})
     if not made and reuse is not None:  # the comparison: that run's data and backbone, another policy or seed
         check_reused(data, {"task": task, **({"scenes": scenes} if task == "vqa" else {})}, "--reuse")
     elif not made:

@@ -28,7 +28,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from splitlab.data.common import SkipCorrupt, SplitDataModule, check_source, require_dir
-from splitlab.model.preprocess import Preprocessing
+from splitlab.model.preprocess import LETTERBOX_FILTERS, Preprocessing
 
 # OpenAI CLIP's normalisation (the usual VQA vision towers: CLIP / SigLIP-style ViTs at 336 px)
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -389,7 +389,7 @@ class VQAv2Data(SplitDataModule):
         super().__init__()
         if pad not in ("corner", "centre"):
             raise ValueError(f"data.pad={pad!r}: expected 'corner' or 'centre'")
-        if interpolation not in ("bicubic", "bilinear"):
+        if interpolation not in LETTERBOX_FILTERS:
             raise ValueError(f"data.interpolation={interpolation!r}: expected 'bicubic' or 'bilinear'")
         check_source(root, hf_dataset, "the official VQAv2 files")
         if root is not None:

@@ -164,14 +164,16 @@ class SplitModel(nn.Module, HubWeights):
         rows, cols = (side // self.levels.finest for side in self.backbone.img_size)
         return int(max_fraction * rows * cols)
 
-    def cap_limit(self) -> float | None:
-        """The most token fraction the hard cap leaves any image (None: no cap). The cap keeps whole
-        splits, so this can fall just under ``max_fraction``; a budget above it is out of reach."""
-        if self.max_tokens is None:
+    def cap_limit(self, max_tokens: int | None = None) -> float | None:
+        """The most token fraction a cap of ``max_tokens`` (default: the model's hard cap) leaves any
+        image (None: no cap). The cap keeps whole splits, so this can fall just under
+        ``max_fraction``; a budget above it is out of reach."""
+        max_tokens = self.max_tokens if max_tokens is None else max_tokens
+        if max_tokens is None:
             return None
         size, levels = self.backbone.img_size, self.levels
         coarse, finest = (math.prod(levels.grid(k, size)) for k in (0, levels.num - 1))
-        return cap_fraction(self.max_tokens, coarse, finest)
+        return cap_fraction(max_tokens, coarse, finest)
 
     @staticmethod
     def check_cap(max_fraction: float | None, budget: float, budget_setting: str = "target_fraction") -> None:

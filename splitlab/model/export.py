@@ -10,7 +10,6 @@ ops on fixed grids; no host sync, no data-dependent shape.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from splitlab.model.base import SplitModel
-from splitlab.tokenizer import cap_fraction, cap_splits, cover_slots, leaf_masks
+from splitlab.tokenizer import cap_splits, cover_slots, leaf_masks
 
 EXPORTABLE = ("classification", "segmentation")
 
@@ -32,10 +31,7 @@ class StaticWalk(nn.Module):
         self.model, self.max_tokens, self.budget = model, int(max_tokens), float(budget)
         points = model.tokenizer.operating_points
         points.check(budget, "budget")
-        levels, size = model.levels, model.backbone.img_size
-        coarse, finest = (math.prod(levels.grid(k, size)) for k in (0, levels.num - 1))
-        cap = cap_fraction(max_tokens, coarse, finest) if max_tokens < finest else None
-        cut = points.cut(torch.tensor([budget], device=points.cuts.device), cap)
+        cut = points.cut(torch.tensor([budget], device=points.cuts.device), model.cap_limit(max_tokens))
         self.register_buffer("cut", cut.reshape(()).detach().clone())
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from splitlab.tokenizer.levels import Levels
-from splitlab.tokenizer.quadtree import fraction_of
+from splitlab.tokenizer.quadtree import fraction_of, fractions_at
 
 BASELINES = ("uniform", "coarse", "random", "entropy", "entropy_single")
 GRAY = (0.2989, 0.5870, 0.1140)  # APT's grayscale weights
@@ -143,9 +143,6 @@ def random_scores(
     ]
 
 
-CANDIDATES_AT_ONCE = 16  # bounds calibration's memory: all 257 at once took 6 GB on 512 COCO images
-
-
 def calibrate_threshold(scores: Sequence[Tensor], target: float, rounds: int = 2, points: int = 257) -> float:
     """The threshold whose layouts ("split where score > t") have mean token fraction closest to ``target``.
 
@@ -164,12 +161,7 @@ def calibrate_threshold(scores: Sequence[Tensor], target: float, rounds: int = 2
     best = candidates[0]
     for _ in range(rounds):
         candidates = candidates.unique()
-        fractions = torch.cat(  # a few candidates at a time: each is a (B, h, w) mask per level
-            [
-                fraction_of([s.float()[None] > t.view(-1, 1, 1, 1) for s in scores]).mean(-1)
-                for t in candidates.split(CANDIDATES_AT_ONCE)
-            ]
-        )
+        fractions = fractions_at(scores, candidates).mean(-1)
         error = (fractions - target).abs()
         i = int(error.argmin())
         best = candidates[i]

@@ -24,11 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from splitlab.tokenizer.quadtree import fraction_of
+from splitlab.tokenizer.quadtree import fractions_at
 
 SPREAD_CUTS = 64  # cuts per point at which the calibration sample's fractions are kept
 SPREAD_QUANTILES = 64  # quantiles of the per-image fraction kept at each cut (midpoints)
-CUTS_AT_ONCE = 16  # candidate cuts evaluated together (each is a mask per level of the sample)
 
 
 def budget_points(budgets: Sequence[float], step: float = 0.1) -> list[float]:
@@ -141,12 +140,7 @@ class OperatingPoints(nn.Module):
             return
         where = torch.linspace(0, flat.numel() - 1, SPREAD_CUTS - 1, device=flat.device).round().long()
         grid = torch.cat([flat[:1] - 1.0, flat[where]])  # ascending: fractions fall along it
-        per_image = torch.cat(
-            [
-                fraction_of([lg.float()[None] > t.view(-1, 1, 1, 1) for lg in logits])
-                for t in grid.split(CUTS_AT_ONCE)
-            ]
-        )  # (cuts, N)
+        per_image = fractions_at(logits, grid)  # (cuts, N)
         levels = (torch.arange(SPREAD_QUANTILES, device=flat.device) + 0.5) / SPREAD_QUANTILES
         spread = torch.quantile(per_image, levels, dim=1).T  # (cuts, quantiles)
         self.spread_cuts[point] = self._reduced(grid, reduce)
