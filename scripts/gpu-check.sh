@@ -229,7 +229,7 @@ import json
 import pathlib
 import sys
 
-from splitlab.report import bench_table
+from splitlab.commands.bench_table import bench_table
 
 out, done = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 records = [json.loads(pathlib.Path(p).read_text()) for p in done.read_text().splitlines()]

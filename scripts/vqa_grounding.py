@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from splitlab.data.generators.vqa_scenes import COLOURS, PATTERNS
 from splitlab.data.vqa import VQAv2Data, collate
-from splitlab.data.vqa_scenes import COLOURS, PATTERNS
 from splitlab.heads.vqa import LanguageBridge, VisualProjector, build_language_model, build_tokenizer
 from splitlab.metrics import vqa_score
 

@@ -12,6 +12,8 @@ from timm.models.eva import EvaBlock, EvaBlockPostNorm
 from timm.models.vision_transformer import Block, ResPostBlock
 from torch import Tensor, nn
 
+from splitlab.lightning_private import ModelSetupHook, fsdp_state_dict_type
+
 BLOCKS = (Block, ResPostBlock, EvaBlock, EvaBlockPostNorm)
 
 
@@ -34,7 +36,7 @@ def average_gradients(params: Iterable[nn.Parameter]) -> None:
         p.grad = g
 
 
-class BlockFSDPStrategy(FSDPStrategy):
+class BlockFSDPStrategy(ModelSetupHook, FSDPStrategy):
     """`FSDPStrategy` that shards each ViT / EVA block (and checkpoints its activations) and nothing else.
 
     The blocks hold nearly all the weights (ViT-H: 99.6%). Everything outside them (the patch and
@@ -76,7 +78,7 @@ class BlockFSDPStrategy(FSDPStrategy):
                 f"BlockFSDPStrategy needs FSDP internals this torch ({torch.__version__}) lacks ({err}); "
                 "use torch 2.5-2.14 or trainer.strategy=ddp"
             ) from err
-        if self._state_dict_type == "sharded":
+        if fsdp_state_dict_type(self) == "sharded":
             # a folder of shards: --ckpt_path, load_task, bench and the settings check read one file
             raise ValueError(
                 "trainer.strategy.init_args.state_dict_type=sharded: splitlab resumes, evaluates and benchmarks "
@@ -100,7 +102,10 @@ class BlockFSDPStrategy(FSDPStrategy):
             return config
         return dataclasses.replace(config, buffer_dtype=None, cast_root_forward_inputs=False)
 
-    def _setup_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """FSDP over the blocks, everything else whole on every rank (``ignored_states``), moved to the
+        device here since FSDP moves only what it manages; on CPU ranks FSDP is built here, with the
+        CPU as its device, which Lightning does not give it."""
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         if not any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
@@ -122,10 +127,10 @@ class BlockFSDPStrategy(FSDPStrategy):
                 )
                 wrap_policy = self.kwargs.pop("auto_wrap_policy")  # applied: Lightning would warn
                 try:
-                    return super()._setup_model(model)
+                    return self.lightning_wrap_model(model)
                 finally:
                     self.kwargs["auto_wrap_policy"] = wrap_policy
-        return super()._setup_model(model)
+        return self.lightning_wrap_model(model)
 
 
 def clip_grad_norm(

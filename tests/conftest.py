@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random-init backbones and tokenizers, a tiny generated dataset (no downloads, CPU).
+"""Shared fixtures: tiny random-init backbones and tokenizers, tiny generated datasets (shapes, COCO,
+ADE20K; no downloads, CPU).
 
 Helpers that tests import live in `tests.helpers`."""
 
@@ -38,6 +39,22 @@ def shapes_root(tmp_path_factory: pytest.TempPathFactory):
     from splitlab.data import generate_shapes
 
     return generate_shapes(tmp_path_factory.mktemp("shapes"), train=6, val=3, test=3, seed=1)
+
+
+@pytest.fixture(scope="module")
+def coco_root(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny generated COCO set (4 train, 2 val images, 128 px): copy it before editing it."""
+    from splitlab.data import generate_coco
+
+    return generate_coco(tmp_path_factory.mktemp("coco"), image_size=128, train=4, val=2)
+
+
+@pytest.fixture(scope="module")
+def ade_root(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny generated ADE20K set (20 train, 2 val images, 128 px): copy it before editing it."""
+    from splitlab.data import generate_ade20k
+
+    return generate_ade20k(tmp_path_factory.mktemp("ade"), image_size=128, train=20, val=2)
 
 
 # The end-to-end twins (a dense stage, then SPLIT training: minutes each) run first, so that under

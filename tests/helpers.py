@@ -1,5 +1,6 @@
-"""What several test rooms share: the tiny CI-twin arguments, schedules, baseline layouts, and the
-subprocess launcher and probes of the multi-process (DDP, SLURM) tests."""
+"""What several test rooms share: the recipes' and CI twins' ``--config`` arguments, the tiny CI-twin
+arguments, schedules, baseline layouts, and the subprocess launcher and probes of the multi-process
+(DDP, SLURM) tests."""
 
 from __future__ import annotations
 
@@ -14,17 +15,24 @@ import torch
 from lightning import Callback
 
 from splitlab.cli import lightning_main
-from splitlab.commands.demo import ci_recipe
+from splitlab.commands.demo import PIPELINES
 from splitlab.tokenizer import baseline_scores
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def twin_configs(task: str = "classification") -> list[str]:
+    """``--config`` arguments of ``task``'s recipe (``tasks/``) and its CI twin (``configs/ci/``) in this
+    checkout: the files the tests exercise, whatever copy of splitlab is installed."""
+    recipe, twin, _ = PIPELINES[task]
+    return ["--config", str(REPO / "tasks" / recipe), "--config", str(REPO / "configs" / "ci" / twin)]
 
 
 def tiny_args(root, log_dir, *extra: str) -> list[str]:
     """CLI arguments of the CI classification twin (a budget-conditioned policy for 0.3-0.7 deployed at
     0.5), shrunk further for unit tests and evaluated at its target only."""
     return [
-        *ci_recipe(),
+        *twin_configs(),
         f"--data.init_args.root={root}",
         "--data.init_args.batch_size=8",
         f"--trainer.logger.init_args.save_dir={log_dir}",

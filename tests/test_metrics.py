@@ -25,6 +25,7 @@ from splitlab.metrics import (
     coco_truth,
     detection_metrics,
     normalize_answer,
+    timed,
     vqa_score,
 )
 from splitlab.tokenizer import Levels, build_layout
@@ -455,3 +456,13 @@ def test_detections_on_a_crowd_are_ignored_as_cocoeval_does() -> None:
     assert [len(t["labels"]) for t in dropped] == [2, 1, 1, 0] and not any(
         t["iscrowd"].any() for t in dropped
     )
+
+
+def test_timed_reads_the_blocks_seconds_once_it_has_ended() -> None:
+    """The one timer of evaluation and `splitlab bench`: 0.0 inside the block, its wall time after."""
+    import time
+
+    with timed(torch.device("cpu")) as elapsed:
+        time.sleep(0.02)
+        assert elapsed() == 0.0
+    assert 0.02 <= elapsed() < 5.0

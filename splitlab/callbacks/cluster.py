@@ -13,6 +13,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from splitlab.callbacks.safety import GracefulStop
+from splitlab.lightning_private import requeue_checkpoint_path, restart_train_iterator
 
 
 def _train_loaders(trainer: Trainer) -> list[Any]:
@@ -63,8 +64,7 @@ class ResumePosition(Callback):
                     f"resuming mid-epoch at batch {done}, but the training sampler cannot skip what was seen: "
                     "the epoch restarts from its first batch (use splitlab.data.ResumableSampler)"
                 )
-        if loop._data_fetcher is not None:  # drop what workers drew before the epoch and skip were set
-            iter(loop._data_fetcher)
+        restart_train_iterator(trainer)  # drop what workers drew before the epoch and skip were set
 
 
 class SlurmRequeue(GracefulStop):
@@ -91,7 +91,7 @@ class SlurmRequeue(GracefulStop):
         super().__init__((signal_name,))
 
     def checkpoint_path(self, trainer: Trainer) -> str:
-        return trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
+        return requeue_checkpoint_path(trainer)
 
     def after_checkpoint(self, trainer: Trainer, signum: int) -> None:
         rank_zero_info(f"splitlab: SLURM requeue signal: saved {self.checkpoint}")

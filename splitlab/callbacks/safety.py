@@ -14,6 +14,8 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from splitlab.lightning_private import count_as_saved, skip_next_validation
+
 
 class GracefulStop(Callback):
     """On SIGTERM or Ctrl-C during fit: finish the batch, save a checkpoint, stop.
@@ -88,9 +90,8 @@ class GracefulStop(Callback):
         # checkpoint above is this step's: skip both. After an epoch's last batch the epoch *is*
         # finished (a resume starts the next one): its validation and checkpoint run as usual.
         if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
-            trainer.fit_loop.epoch_loop._skip_next_val = True
-            for callback in trainer.checkpoint_callbacks:
-                callback._last_global_step_saved = trainer.global_step
+            skip_next_validation(trainer)
+            count_as_saved(trainer)
 
     def checkpoint_path(self, trainer: Trainer) -> str:
         """``interrupted.ckpt`` beside the run's other checkpoints."""

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import re
 import sys
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +13,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 
 from splitlab.callbacks import (
     AgreedCheckpointSave,
@@ -27,7 +25,14 @@ from splitlab.callbacks import (
     SplitSchedule,
     VerifiedCheckpointIO,
 )
-from splitlab.cli.checkpoints import keep_csv_history, logged_step, reconcile, reconcile_data
+from splitlab.cli.checkpoints import (
+    keep_csv_history,
+    logged_step,
+    reconcile,
+    reconcile_data,
+    requeued_checkpoint,
+    resolve_last,
+)
 from splitlab.cli.errors import reporting_errors, user_error
 from splitlab.cli.runs import (
     evaluation_folder,
@@ -35,25 +40,16 @@ from splitlab.cli.runs import (
     logger_folder,
     refuse_taken,
     release_runs,
-    version_folder,
 )
+from splitlab.lightning_private import CheckpointConfigHook, cli_setting, saved_model_settings
 from splitlab.tasks import SplitTask, read_checkpoint
 
 __all__ = ["SplitLabCLI", "lightning_main", "main", "reporting_errors", "stop_code", "user_error"]
 
 DEFAULT_CALLBACKS = (SplitSchedule, ResumePosition, LayoutWriter, GracefulStop, SkippedSamples)
-HPC_NAME = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 
 
-def hpc_checkpoints(root: Path) -> list[Path]:
-    """The ``hpc_ckpt_N.ckpt`` files SLURM requeues leave in ``root``, by N."""
-    numbered = [
-        (int(m.group(1)), p) for p in root.glob("hpc_ckpt_*.ckpt") if (m := HPC_NAME.fullmatch(p.name))
-    ]
-    return [p for _, p in sorted(numbered)]
-
-
-class SplitLabCLI(LightningCLI):
+class SplitLabCLI(CheckpointConfigHook, LightningCLI):
     """LightningCLI over any `SplitTask` and DataModule, adding the callbacks every run needs.
 
     A recipe that names no `SplitSchedule` gets the default one (1 warm-start epoch, then PPO);
@@ -63,7 +59,7 @@ class SplitLabCLI(LightningCLI):
     ``--ckpt_path last`` finds the newest checkpoint of the recipe's run directory.
     """
 
-    def _parse_ckpt_path(self) -> None:
+    def config_from_checkpoint(self) -> None:
         """Build the model as the checkpoint was trained, with the safe changes given (`reconcile`).
 
         Lightning's own version applies the checkpoint's hyperparameters over the command line,
@@ -73,24 +69,24 @@ class SplitLabCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
-        ckpt_path = self.config[subcommand].get("ckpt_path") or self._requeued_checkpoint(subcommand)
+        settings = self.config[subcommand]
+        ckpt_path = settings.get("ckpt_path") or requeued_checkpoint(subcommand, settings["trainer"])
         if not ckpt_path:
             return
         if ckpt_path in ("last", "hpc"):
-            ckpt_path = self._resolve_last(subcommand, ckpt_path)
+            ckpt_path = resolve_last(settings["trainer"], ckpt_path)
+        settings["ckpt_path"] = ckpt_path
         checkpoint = read_checkpoint(ckpt_path, "ckpt_path", weights_only=True, mmap=True)
         self._resume_step = logged_step(checkpoint) if subcommand == "fit" else None
-        data = self.config[subcommand].get("data")
+        data = settings.get("data")
         data_notes = []
         if subcommand == "fit" and getattr(data, "init_args", None) is not None:
             saved_data = checkpoint.get("datamodule_hyper_parameters", {})
             data_notes = reconcile_data(saved_data, data.init_args.as_dict())
-        saved = dict(checkpoint.get("hyper_parameters", {}))
-        saved.pop("_instantiator", None)
-        class_path = saved.pop("_class_path", None)
+        class_path, saved = saved_model_settings(checkpoint)
         if not saved or class_path is None:
             return
-        model = self.config[subcommand]["model"]
+        model = settings["model"]
         if model.class_path != class_path:
             raise ValueError(
                 f"ckpt_path={ckpt_path!r} holds a {class_path}, the config builds a {model.class_path}"
@@ -100,72 +96,6 @@ class SplitLabCLI(LightningCLI):
             rank_zero_info(f"splitlab: from the checkpoint with {note}")
         update = {subcommand: {"model": {"class_path": class_path, "init_args": merged}}}
         self.config = self.parser.parse_object(update, self.config)
-
-    def _requeued_checkpoint(self, subcommand: str) -> str | None:
-        """The checkpoint a requeued SLURM job resumes from: it starts with the same command (no
-        ``--ckpt_path``) and Lightning takes the newest ``hpc_ckpt_N.ckpt`` of ``default_root_dir``
-        by itself. Named here, the resume gets what any resume gets: settings checked against the
-        checkpoint, and the run's ``metrics.csv`` history kept (Lightning's writer deletes it)."""
-        if subcommand != "fit" or not SLURMEnvironment.detect():
-            return None
-        numbered = hpc_checkpoints(Path(self.config[subcommand]["trainer"].get("default_root_dir") or "."))
-        if not numbered:
-            return None
-        path = str(numbered[-1])  # the highest N, as Lightning picks
-        rank_zero_info(f"splitlab: requeued SLURM job: resuming from {path}")
-        self.config[subcommand]["ckpt_path"] = path
-        return path
-
-    def _resolve_last(self, subcommand: str, which: str) -> str:
-        """``--ckpt_path last``: the newest checkpoint under the run directory the recipe's logger names.
-
-        Lightning looks only in *this* run's (new, empty) ``version_N``, finds nothing, warns and
-        trains from scratch; here every version of the recipe's run is searched, the newest
-        checkpoint wins (``interrupted.ckpt`` included), and the logger continues in its version.
-        """
-        trainer = self.config[subcommand]["trainer"]
-        root = Path(trainer.get("default_root_dir") or ".")
-        logger = trainer.get("logger")
-        named = getattr(logger, "init_args", None)
-        if named is not None and named.get("save_dir") is not None:
-            base = Path(named.save_dir) / (named.get("name") or "")
-            version = named.get("version")
-            # no version: a new version_N each run, so search them all; else the logger's own folder
-            # ("" is the base itself, an int is version_<int>)
-            folders = sorted(base.glob("version_*")) if version is None else [base / version_folder(version)]
-        else:
-            named, base = None, root
-            folders = [root, *sorted((root / "lightning_logs").glob("version_*"))]
-        found = [p for folder in folders for p in (folder / "checkpoints").glob("*.ckpt")]
-        if which == "hpc":
-            found += hpc_checkpoints(root)
-        if not found:
-            raise FileNotFoundError(
-                f"ckpt_path={which}: no checkpoint under {base} (searched {len(folders)} run folder(s)); "
-                "nothing to resume: run without --ckpt_path to start, or give the checkpoint file"
-            )
-        newest = self._newest_readable(sorted(found, key=lambda p: p.stat().st_mtime), which)
-        if named is not None and newest.parent.parent.parent == base:
-            named.version = newest.parent.parent.name  # the logger continues in the resumed run's folder
-        rank_zero_info(f"splitlab: ckpt_path={which}: resuming from {newest}")
-        self.config[subcommand]["ckpt_path"] = str(newest)
-        return str(newest)
-
-    @staticmethod
-    def _newest_readable(found: list[Path], which: str) -> Path:
-        """The newest checkpoint that reads (its header: the weights are not loaded), warning about
-        each newer one that does not (a save that a crash or a full disk cut short)."""
-        for path in reversed(found):
-            try:
-                read_checkpoint(path, "ckpt_path", weights_only=True, mmap=True)
-            except (ValueError, OSError) as err:
-                rank_zero_warn(f"splitlab: ckpt_path={which}: skipping {path}, which does not read ({err})")
-                continue
-            return path
-        raise FileNotFoundError(
-            f"ckpt_path={which}: none of the {len(found)} checkpoint(s) found reads (the newest: {found[-1]}); "
-            "give a checkpoint file, or run without --ckpt_path to start afresh"
-        )
 
     def before_instantiate_classes(self) -> None:
         """One run, one folder (`splitlab.cli.runs`): a fresh fit into a folder that holds a run is
@@ -193,7 +123,9 @@ class SplitLabCLI(LightningCLI):
         lock_run(run)  # rank 0's
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        given = kwargs.get("callbacks", self._get(self.config_init, "trainer", default={}).get("callbacks"))
+        given = kwargs.get(
+            "callbacks", cli_setting(self, self.config_init, "trainer", default={}).get("callbacks")
+        )
         given = list(given) if isinstance(given, list | tuple) else ([given] if given else [])
 
         def present(cls: type) -> bool:  # a SlurmRequeue is a GracefulStop for SIGUSR1 only

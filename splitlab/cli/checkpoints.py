@@ -1,14 +1,108 @@
-"""Runs from a checkpoint: which settings may differ from the trained ones, and the run's history."""
+"""Runs from a checkpoint: which checkpoint (``--ckpt_path last``, a requeued SLURM job's), which
+settings may differ from the trained ones, and the run's history."""
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from splitlab.cli.runs import version_folder
+from splitlab.lightning_private import batches_that_stepped
+from splitlab.tasks import read_checkpoint
+
+HPC_NAME = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
+
+
+def hpc_checkpoints(root: Path) -> list[Path]:
+    """The ``hpc_ckpt_N.ckpt`` files SLURM requeues leave in ``root``, by N."""
+    numbered = [
+        (int(m.group(1)), p) for p in root.glob("hpc_ckpt_*.ckpt") if (m := HPC_NAME.fullmatch(p.name))
+    ]
+    return [p for _, p in sorted(numbered)]
+
+
+def requeued_checkpoint(subcommand: str, trainer: Any) -> str | None:
+    """The checkpoint a requeued SLURM job resumes from: it starts with the same command (no
+    ``--ckpt_path``) and Lightning takes the newest ``hpc_ckpt_N.ckpt`` of ``default_root_dir``
+    by itself. Named here, the resume gets what any resume gets: settings checked against the
+    checkpoint, and the run's ``metrics.csv`` history kept (Lightning's writer deletes it).
+
+    Args:
+        subcommand: the LightningCLI subcommand (only ``fit`` resumes by itself).
+        trainer: the subcommand's ``trainer`` settings.
+    """
+    if subcommand != "fit" or not SLURMEnvironment.detect():
+        return None
+    numbered = hpc_checkpoints(Path(trainer.get("default_root_dir") or "."))
+    if not numbered:
+        return None
+    path = str(numbered[-1])  # the highest N, as Lightning picks
+    rank_zero_info(f"splitlab: requeued SLURM job: resuming from {path}")
+    return path
+
+
+def resolve_last(trainer: Any, which: str) -> str:
+    """``--ckpt_path last``: the newest checkpoint under the run directory the recipe's logger names.
+
+    Lightning looks only in *this* run's (new, empty) ``version_N``, finds nothing, warns and
+    trains from scratch; here every version of the recipe's run is searched, the newest
+    checkpoint wins (``interrupted.ckpt`` included), and the logger continues in its version
+    (``trainer``'s logger settings are changed to it).
+
+    Args:
+        trainer: the subcommand's ``trainer`` settings.
+        which: ``"last"``, or ``"hpc"`` to search ``default_root_dir``'s ``hpc_ckpt_N.ckpt`` too.
+    """
+    root = Path(trainer.get("default_root_dir") or ".")
+    logger = trainer.get("logger")
+    named = getattr(logger, "init_args", None)
+    if named is not None and named.get("save_dir") is not None:
+        base = Path(named.save_dir) / (named.get("name") or "")
+        version = named.get("version")
+        # no version: a new version_N each run, so search them all; else the logger's own folder
+        # ("" is the base itself, an int is version_<int>)
+        folders = sorted(base.glob("version_*")) if version is None else [base / version_folder(version)]
+    else:
+        named, base = None, root
+        folders = [root, *sorted((root / "lightning_logs").glob("version_*"))]
+    found = [p for folder in folders for p in (folder / "checkpoints").glob("*.ckpt")]
+    if which == "hpc":
+        found += hpc_checkpoints(root)
+    if not found:
+        raise FileNotFoundError(
+            f"ckpt_path={which}: no checkpoint under {base} (searched {len(folders)} run folder(s)); "
+            "nothing to resume: run without --ckpt_path to start, or give the checkpoint file"
+        )
+    newest = newest_readable(sorted(found, key=lambda p: p.stat().st_mtime), which)
+    if named is not None and newest.parent.parent.parent == base:
+        named.version = newest.parent.parent.name  # the logger continues in the resumed run's folder
+    rank_zero_info(f"splitlab: ckpt_path={which}: resuming from {newest}")
+    return str(newest)
+
+
+def newest_readable(found: list[Path], which: str) -> Path:
+    """The newest checkpoint of ``found`` (oldest first) that reads (its header: the weights are not
+    loaded), warning about each newer one that does not (a save that a crash or a full disk cut short)."""
+    for path in reversed(found):
+        try:
+            read_checkpoint(path, "ckpt_path", weights_only=True, mmap=True)
+        except (ValueError, OSError) as err:
+            rank_zero_warn(f"splitlab: ckpt_path={which}: skipping {path}, which does not read ({err})")
+            continue
+        return path
+    raise FileNotFoundError(
+        f"ckpt_path={which}: none of the {len(found)} checkpoint(s) found reads (the newest: {found[-1]}); "
+        "give a checkpoint file, or run without --ckpt_path to start afresh"
+    )
+
 
 # Settings a run from a checkpoint may change: how the trained model is evaluated and deployed.
 DEPLOYMENT = {
@@ -31,6 +125,7 @@ TRAINING = {
     "imitation_lr",
     "imitation_weight",
     "teacher_forcing",
+    "warm_start_finetune",
     "label_target",
     "apt_search",
     "entropy_thresholds",
@@ -122,10 +217,10 @@ def logged_step(checkpoint: dict[str, Any]) -> int:
     the raised count, so its rows end one step below it; one written inside a batch's hooks (a
     graceful stop) holds the count of that batch, whose rows are in.
     """
-    loops = checkpoint.get("loops", {}).get("fit_loop", {})
-    count = loops.get("epoch_loop.state_dict", {}).get("_batches_that_stepped")
+    count = batches_that_stepped(checkpoint)
     if count is None:
         return int(checkpoint.get("global_step", 0))
+    loops = checkpoint.get("loops", {}).get("fit_loop", {})
     current = loops.get("epoch_loop.batch_progress", {}).get("current", {})
     inside_a_batch = current.get("processed", 0) > current.get("completed", 0)
     return int(count) if inside_a_batch else int(count) - 1

@@ -13,7 +13,6 @@ import argparse
 import copy
 import dataclasses
 import json
-import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -25,9 +24,10 @@ from torch import Tensor
 
 from splitlab.backbone import backbone_flops
 from splitlab.commands.arguments import count, device_name, fraction, output_file, positive_int
+from splitlab.commands.bench_table import format_bench
+from splitlab.metrics import synchronize, timed
 from splitlab.model import Preprocessing, SplitClassifier, SplitModel, load
 from splitlab.model.predict import image_files
-from splitlab.report import format_bench
 from splitlab.tokenizer import build_layout, calibrate_threshold
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,11 +62,6 @@ def _device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available on this machine")
     return device
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _load_images(path: str, count: int, preprocessing: Preprocessing, size: int) -> Tensor:
@@ -127,14 +122,6 @@ def calibrate_policy(model: SplitModel, images: Tensor, fraction: float) -> floa
     return cut
 
 
-def _timed(fn: Callable[[], Any], device: torch.device) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - start
-
-
 def _interleaved(
     run_uniform: Callable[[], Any],
     run_split: Callable[[], Any],
@@ -149,8 +136,12 @@ def _interleaved(
         run_split()
     t_uniform = t_split = 0.0
     for _ in range(iters):
-        t_uniform += _timed(run_uniform, device)
-        t_split += _timed(run_split, device)
+        with timed(device) as elapsed:
+            run_uniform()
+        t_uniform += elapsed()
+        with timed(device) as elapsed:
+            run_split()
+        t_split += elapsed()
     return t_uniform, t_split
 
 
@@ -176,11 +167,11 @@ def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
     counts against neither path)."""
     if device.type != "cuda":
         return None  # no per-path peak on CPU without an allocator hook; reported on CUDA
-    _sync(device)
+    synchronize(device)
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     fn()
-    _sync(device)
+    synchronize(device)
     return (torch.cuda.max_memory_allocated(device) - before) / 2**20
 
 
@@ -191,24 +182,18 @@ def breakdown(model: SplitModel, images: Tensor, iters: int, device: torch.devic
     parts = dict.fromkeys(("embed", "decide", "walk", "backbone"), 0.0)
     tokenizer, backbone = model.tokenizer, model.backbone
     for _ in range(iters):
-        _sync(device)
-        t0 = time.perf_counter()
-        tokens, _ = tokenizer.embed(images, backbone)
-        _sync(device)
-        t1 = time.perf_counter()
-        decisions, logits = tokenizer.decide(
-            tokens, "threshold", budget=model.budget, max_tokens=model.max_tokens
-        )
-        _sync(device)
-        t2 = time.perf_counter()
-        layout = build_layout(tokens, decisions, tokenizer.levels, logits)
-        _sync(device)
-        t3 = time.perf_counter()
-        backbone.forward_head(backbone(layout))
-        _sync(device)
-        t4 = time.perf_counter()
-        for key, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
-            parts[key] += dt / iters
+        with timed(device) as embed:
+            tokens, _ = tokenizer.embed(images, backbone)
+        with timed(device) as decide:
+            decisions, logits = tokenizer.decide(
+                tokens, "threshold", budget=model.budget, max_tokens=model.max_tokens
+            )
+        with timed(device) as walk:
+            layout = build_layout(tokens, decisions, tokenizer.levels, logits)
+        with timed(device) as run_backbone:
+            backbone.forward_head(backbone(layout))
+        for key, elapsed in zip(parts, (embed, decide, walk, run_backbone), strict=True):
+            parts[key] += elapsed() / iters
     return parts
 
 

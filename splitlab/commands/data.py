@@ -132,8 +132,12 @@ def main(args: argparse.Namespace) -> int:
 
 
 GENERATORS = {  # kind -> module, generator, what it writes
-    "shapes": ("splitlab.data.shapes", "generate_shapes", "{fmt} dataset"),
-    "vqa": ("splitlab.data.vqa_scenes", "generate_vqa", "VQAv2-layout ({fmt}) dataset and vocab.json"),
-    "ade20k": ("splitlab.data.scenes", "generate_ade20k", "ade20k-format dataset"),
-    "coco": ("splitlab.data.scenes", "generate_coco", "coco-format dataset"),
+    "shapes": ("splitlab.data.generators.shapes", "generate_shapes", "{fmt} dataset"),
+    "vqa": (
+        "splitlab.data.generators.vqa_scenes",
+        "generate_vqa",
+        "VQAv2-layout ({fmt}) dataset and vocab.json",
+    ),
+    "ade20k": ("splitlab.data.generators.dense_scenes", "generate_ade20k", "ade20k-format dataset"),
+    "coco": ("splitlab.data.generators.dense_scenes", "generate_coco", "coco-format dataset"),
 }

@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--scenes",
         choices=("twin", "circles", "triangles", "diamonds"),
         default="twin",
-        help="VQA: which generated scenes (splitlab.data.vqa_scenes.SCENES; docs/vqa.md)",
+        help="VQA: which generated scenes (splitlab.data.generators.vqa_scenes.SCENES; docs/vqa.md)",
     )
     demo.add_argument(
         "--reuse",
@@ -50,13 +50,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 # CI twins: recipe, its tiny CI config, the config of the dense (backbone) stage, the data generator.
 PIPELINES = {
     "classification": ("imagenet.yaml", "classification.yaml", "pretrain.yaml"),
-    "coco": ("coco.yaml", "coco.yaml", "pretrain_dense.yaml"),
+    "coco": ("coco.yaml", "coco.yaml", "pretrain_detection.yaml"),
     "ade20k": ("ade20k.yaml", "ade20k.yaml", "pretrain_dense.yaml"),
     "vqa": ("vqav2.yaml", "vqa.yaml", "pretrain_vqa.yaml"),
 }
 
 
-# VQA scenes (splitlab.data.vqa_scenes.SCENES) that the twin's training does not learn: configs/ci/
+# VQA scenes (splitlab.data.generators.vqa_scenes.SCENES) that the twin's training does not learn: configs/ci/
 # files added to both stages and to the dense stage only (docs/vqa.md, "Other scenes")
 VQA_SCENES_CONFIGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "triangles": (("vqa_wide_lm.yaml",), ("vqa_long_dense.yaml",)),
@@ -94,7 +94,7 @@ def generate_for(task: str, out: Path, seed: int, background: str = "busy", scen
         generate_coco(out, train=300, val=80, seed=seed)
     elif task == "vqa":
         from splitlab.data import generate_vqa
-        from splitlab.data.vqa_scenes import SCENES
+        from splitlab.data.generators.vqa_scenes import SCENES
 
         if scenes not in SCENES:
             raise ValueError(f"scenes={scenes!r}: expected one of {', '.join(SCENES)}")
@@ -190,7 +190,7 @@ def run_pipeline(
     Returns the run's summary record (also in ``<out>/summary.json``). Finished steps (data, the
     dense backbone) are reused when ``out`` already holds them, or taken from the run ``reuse``
     (so that SPLIT and APT start from the same data and backbone). ``scenes`` picks the VQA data
-    (`splitlab.data.vqa_scenes.SCENES`).
+    (`splitlab.data.generators.vqa_scenes.SCENES`).
     """
     from splitlab.cli import lightning_main, stop_code
 

@@ -9,7 +9,7 @@ The official layout, per split (``train2014``, ``val2014``)::
     {split}/COCO_{split}_{image_id:012d}.jpg
 
 One dataset item is one image with *all* its questions, so the vision model (the expensive,
-token-allocating part) runs once per image however many questions it has. `splitlab.data.vqa_scenes`
+token-allocating part) runs once per image however many questions it has. `splitlab.data.generators.vqa_scenes`
 writes small synthetic sets in this layout.
 """
 
@@ -28,6 +28,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from splitlab.data.common import SkipCorrupt, SplitDataModule, check_source, require_dir
+from splitlab.metrics.vqa import ANSWERS_PER_QUESTION, VQA_ANSWER_TYPES
 from splitlab.model.preprocess import LETTERBOX_FILTERS, Preprocessing
 
 # OpenAI CLIP's normalisation (the usual VQA vision towers: CLIP / SigLIP-style ViTs at 336 px)
@@ -35,10 +36,8 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 SPLITS = ("train2014", "val2014")
-ANSWER_TYPES = ("yes/no", "number", "other")
 QUESTION_TYPES = ("what pattern", "what color", "is there", "how many")
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>", "<image>")
-ANSWERS_PER_QUESTION = 10
 
 
 def questions_file(root: Path, split: str) -> Path:
@@ -136,10 +135,10 @@ def check_annotation(answers: list[str], answer_type: str, question_id: int, whe
             f"{where}: question_id {question_id} has {len(answers)} answers; VQAv2 has "
             f"{ANSWERS_PER_QUESTION} per question (fix or remove the entry)"
         )
-    if answer_type not in ANSWER_TYPES:
+    if answer_type not in VQA_ANSWER_TYPES:
         raise ValueError(
             f"{where}: question_id {question_id} has answer_type {answer_type!r}; "
-            f"expected one of {', '.join(repr(t) for t in ANSWER_TYPES)}"
+            f"expected one of {', '.join(repr(t) for t in VQA_ANSWER_TYPES)}"
         )
 
 

@@ -14,8 +14,7 @@ class FractionController(nn.Module):
 
     The plain dual update λ ← max(0, λ + η·(f̄ − target)) is the integral term. Alone it
     oscillates and lags: the policy answers a change of λ only after several PPO updates (an
-    integrator acting on a lagging plant overshoots; a prototype swung 0.38 ↔ 0.66 and collapsed
-    in 6 of 13 runs), and as PPO learns where tokens matter, the fraction a given λ buys keeps
+    integrator acting on a lagging plant overshoots), and as PPO learns where tokens matter, the fraction a given λ buys keeps
     falling, so λ must track a moving target. Following the PID Lagrangian of Stooke et al.
     (2020), λ = max(0, I + k_p·e + k_d·Δe):
 

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
 from splitlab.backbone import PackedViT
+from splitlab.lightning_private import attached_trainer
 from splitlab.metrics import PolicyStats
 from splitlab.model import SplitModel, model_settings
 from splitlab.model.base import TRAINED_POLICIES as POLICIES
@@ -30,7 +31,8 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
     - ``dense``: the backbone and head train on the uniform finest grid (pretraining a backbone
       that has no pretrained weights, e.g. in CI).
     - ``warm_start``: the decision module imitates embedding-difference labels (BCE) while the
-      backbone and head fine-tune on mixed-resolution layouts sampled from that policy.
+      backbone and head fine-tune on mixed-resolution layouts sampled from that policy (or stay as
+      they are: ``warm_start_finetune``).
     - ``ppo``: backbone, head and embeddings are frozen; the decision module alone learns from
       reward = -per-sample task loss - λ·token fraction, λ held by a `FractionController`.
 
@@ -70,6 +72,9 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         imitation_weight: weight of the warm-start BCE.
         teacher_forcing: share of warm-start images whose layout is the imitation labels instead of
             a sample of the policy (`warm_start_layout`).
+        warm_start_finetune: fine-tune backbone, head and embeddings on the warm start's layouts
+            (the paper); false trains the decision module alone, e.g. a backbone that already reads
+            mixed layouts well (docs/detection.md measures both).
         label_target: the patch embedding the imitation labels read: ``initial`` (a frozen copy as
             the warm start began, a fixed target) or ``live`` (the one being fine-tuned; labels
             follow it). Measured in docs/budgets.md.
@@ -92,7 +97,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         apt_search: how ``policy: entropy`` sets its cuts without ``entropy_thresholds``: ``metric``
             (the per-level cuts whose layouts give the lowest task loss at the budget on the
             calibration sample, with the backbone entering the warm start) or ``quantile`` (the
-            same share of every level's patches split, the cuts before 2026-12-02).
+            same share of every level's patches split).
         eval_baselines: baselines evaluated beside the learned layout in validation at the end of
             fit, in ``validate`` and in ``test`` (at the learned layout's realised fraction).
         init_checkpoint: weights to start from (a splitlab checkpoint, e.g. a ``dense`` run).
@@ -126,6 +131,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         imitation_lr: float = 1e-3,
         imitation_weight: float = 1.0,
         teacher_forcing: float = 0.5,
+        warm_start_finetune: bool = True,
         label_target: str = "initial",
         grad_clip: float = 1.0,
         ppo: PPOConfig | None = None,
@@ -274,6 +280,6 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         self.model.policy = self.deployed_policy
 
     def _mean_over_ranks(self, value: Tensor) -> Tensor:
-        if self._trainer is None or self.trainer.world_size == 1:
+        if attached_trainer(self) is None or self.trainer.world_size == 1:
             return value
         return self.trainer.strategy.reduce(value, reduce_op="mean")

@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 
 from splitlab.data import SeededIndex
+from splitlab.lightning_private import attached_trainer
 from splitlab.tokenizer import calibrate_threshold, entropy_scores, fraction_of, level_thresholds
 from splitlab.tokenizer.baselines import (
     APT_SEARCHES,
@@ -83,7 +84,7 @@ class BudgetTraining:
         metric search runs backbone and head on the sample too).
         """
         count = int(self.hparams.calibration_images)
-        loader = self.trainer.train_dataloader if self._trainer is not None else None
+        loader = self.trainer.train_dataloader if attached_trainer(self) is not None else None
         learned = self.deployed_policy == "learned"
         apt = self.apt_pending()
         if apt and self.hparams.entropy_thresholds is not None:  # APT's own thresholds: no calibration

@@ -12,6 +12,7 @@ from torch import Tensor
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from splitlab.distributed import average_gradients, block_parameter_ids, clip_grad_norm, sharded_backward
+from splitlab.lightning_private import attached_trainer
 
 
 class Optimization:
@@ -85,7 +86,7 @@ class Optimization:
         without DDP's sync and the gradients are averaged here: missing ones count as zero, so
         every rank applies the same update. In PPO only the small policy is communicated.
         """
-        model = self.trainer.model if self._trainer is not None else None
+        model = self.trainer.model if attached_trainer(self) is not None else None
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             with model.no_sync():
                 self.manual_backward(loss)
@@ -107,7 +108,7 @@ class Optimization:
     def clip_norm(self, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
         """Clip an optimizer's gradients to ``max_norm`` (Lightning's clipping, or, under FSDP where
         Lightning cannot clip by norm, one that counts the sharded blocks' gradients over ranks)."""
-        model = self.trainer.model if self._trainer is not None else None
+        model = self.trainer.model if attached_trainer(self) is not None else None
         if not isinstance(model, FullyShardedDataParallel):
             self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
             return

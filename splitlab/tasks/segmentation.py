@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
+from splitlab.lightning_private import attached_trainer, syncs_batchnorm
 from splitlab.metrics import FineCoverage
 from splitlab.model import SplitSegmenter
 from splitlab.tasks.dense import DenseTask
@@ -68,12 +69,12 @@ class SegmentationTask(DenseTask):
                 "padding and unlabelled pixels with its value, the loss and metrics skip the model's; set both alike"
             )
         batch = getattr(datamodule, "batch_size", data_hp.get("batch_size"))
-        trainer = self.trainer if self._trainer is not None else None
+        trainer = self.trainer if attached_trainer(self) is not None else None
         fitting = trainer is not None and trainer.state.fn == "fit"
         has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.head.modules())
         # trainer.sync_batchnorm=true keeps a layer sync (the BatchNorms are converted later, in the
         # strategy's setup): then each BatchNorm sees every rank's images
-        synced = fitting and getattr(trainer._accelerator_connector, "_layer_sync", None) is not None
+        synced = fitting and syncs_batchnorm(trainer)
         per_norm = int(batch) * (trainer.world_size if synced else 1) if batch is not None else 2
         if fitting and has_bn and per_norm < 2:
             raise ValueError(

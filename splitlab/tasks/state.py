@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from splitlab.lightning_private import attached_trainer
 from splitlab.model.load import legacy_key, read_checkpoint, upgrade_state_dict
 from splitlab.model.preprocess import Preprocessing
 
@@ -21,7 +22,7 @@ class TaskState:
 
     @property
     def rank(self) -> int:
-        return self.trainer.global_rank if self._trainer is not None else 0
+        return self.trainer.global_rank if attached_trainer(self) is not None else 0
 
     @property
     def generator(self) -> torch.Generator:
@@ -41,7 +42,7 @@ class TaskState:
     def _generator_states(self) -> list[torch.Tensor]:
         """Every rank's generator state (gathered: only rank 0 writes the checkpoint)."""
         state = self.generator.get_state()
-        if self._trainer is None or self.trainer.world_size == 1:
+        if attached_trainer(self) is None or self.trainer.world_size == 1:
             return [state]
         gathered = self.trainer.strategy.all_gather(state.to(self.device))
         # clone: a generator's set_state reads a row view of one shared storage wrongly (segfault)
@@ -53,7 +54,7 @@ class TaskState:
         return self.hparams.get("num_classes")
 
     def setup(self, stage: str) -> None:
-        if self._trainer is None:
+        if attached_trainer(self) is None:
             return
         precision = str(self.trainer.precision)
         if stage == "fit" and precision.startswith("16"):
@@ -210,7 +211,7 @@ class TaskState:
             self.stage = state["stage"]
             self.sync_deployed()
         states = state.get("generators", [state["generator"]] if "generator" in state else [])
-        ranks = self.trainer.world_size if self._trainer is not None else 1
+        ranks = self.trainer.world_size if attached_trainer(self) is not None else 1
         if states and len(states) != ranks:
             rank_zero_warn(
                 f"the checkpoint was saved by {len(states)} rank(s), this run has {ranks}: the sampling "

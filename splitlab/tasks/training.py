@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from splitlab.lightning_private import attached_trainer
 from splitlab.rl import advantages, ppo_policy_loss
 from splitlab.tasks.budgets import BudgetTraining
 from splitlab.tasks.optimization import Optimization
@@ -28,16 +30,22 @@ class StageTraining(Optimization, BudgetTraining):
             raise ValueError(f"stage={stage!r}: expected one of {STAGES}")
         self.stage = stage
         self.sync_deployed()
-        if self._trainer is not None and self.trainer.optimizers:
+        trainable = not self.task_frozen
+        if attached_trainer(self) is not None and self.trainer.optimizers:
             policy_opt = self.trainer.optimizers[1]
             for group in policy_opt.param_groups:
                 group["lr"] = self.hparams.policy_lr if stage == "ppo" else self.hparams.imitation_lr
-            if stage == "ppo":  # the frozen parts' last gradients would stay allocated all of PPO
+            if not trainable:  # the frozen parts' last gradients would stay allocated all stage
                 self.trainer.optimizers[0].zero_grad(set_to_none=True)
-        trainable = stage != "ppo"
         for module in self.task_modules():
             module.requires_grad_(trainable)
             module.train(trainable and self.training)
+
+    @property
+    def task_frozen(self) -> bool:
+        """Whether this stage leaves backbone, head and embeddings as they are: PPO, and the warm
+        start of a run that does not fine-tune in it (``warm_start_finetune: false``)."""
+        return self.stage == "ppo" or (self.stage == "warm_start" and not self.hparams.warm_start_finetune)
 
     def task_modules(self) -> list[nn.Module]:
         """What the task optimizer trains and PPO freezes."""
@@ -48,15 +56,15 @@ class StageTraining(Optimization, BudgetTraining):
 
     def train(self, mode: bool = True) -> StageTraining:
         super().train(mode)
-        if mode and self.stage == "ppo":  # frozen parts stay deterministic: no dropout in rewards
+        if mode and self.task_frozen:  # frozen parts stay deterministic: no dropout in rewards
             for module in self.task_modules():
                 module.eval()
         return self
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
         images, targets = self.split_batch(batch)
-        if self.stage == "ppo" and self.hparams.policy != "learned":
-            return None  # a fixed policy (entropy, random) has nothing to learn in PPO
+        if self.task_frozen and self.hparams.policy != "learned":
+            return None  # a fixed policy (entropy, random) has nothing to learn with the task frozen
         if self.stage == "ppo":
             stats = self.ppo_step(images, targets)
         else:
@@ -97,18 +105,23 @@ class StageTraining(Optimization, BudgetTraining):
             stats["label_agreement"] = torch.stack(
                 [((lg > 0) == lab).float().mean() for lg, lab in zip(logits, labels, strict=True)]
             ).mean()
-        outputs = self.forward_layout(layout)
-        task_loss = self.per_sample_loss(outputs, targets).mean()
-        loss = task_loss if imitation is None else task_loss + self.hparams.imitation_weight * imitation
+        frozen = self.task_frozen  # a warm start that trains the decision module alone
+        with torch.no_grad() if frozen else contextlib.nullcontext():  # the task loss is then a statistic
+            outputs = self.forward_layout(layout)
+            task_loss = self.per_sample_loss(outputs, targets).mean()
+        if frozen:
+            loss = self.hparams.imitation_weight * imitation
+        else:
+            loss = task_loss if imitation is None else task_loss + self.hparams.imitation_weight * imitation
         task_opt.zero_grad()
         policy_opt.zero_grad()
-        self.backward_synced(loss, [task_opt, policy_opt])
-        self.clip_norm(task_opt, self.hparams.grad_clip)
-        task_opt.step()
+        self.backward_synced(loss, [policy_opt] if frozen else [task_opt, policy_opt])
+        if not frozen:
+            self.clip_norm(task_opt, self.hparams.grad_clip)
+            task_opt.step()
+            task_sched.step()
         if imitation is not None:
             policy_opt.step()
-        task_sched.step()
-        if imitation is not None:
             self.budget_sampler.update(point, task_loss.detach(), self._mean_over_ranks)
         stats.update(loss=loss.detach(), task_loss=task_loss.detach(), fraction=layout.fraction.mean())
         return stats
@@ -126,15 +139,11 @@ class StageTraining(Optimization, BudgetTraining):
         """The layouts the backbone fine-tunes on in the warm start: per image, the imitation labels
         (with probability ``teacher_forcing``) or a sample of the policy.
 
-        Samples are what PPO's rollouts and (thresholded) deployment will show the frozen backbone,
-        and their variety keeps it robust to PPO's exploration; but early in the warm start the
-        policy is still random, and a backbone fine-tuned only on random layouts of a small object
-        loses accuracy (measured on the flat-background shapes: uniform-grid top-1 0.98 -> 0.94,
-        learned 0.94 against APT-trained 1.00). Half label layouts (the default) keep the object
-        at fine resolution from the first step: flat 1.00. The price is at tight budgets on the
-        busy data, where the labels favour the texture (3 seeds, top-1 at budget 0.3: 0.84 against
-        0.89 without labels; at 0.5 0.96 against 0.96). A share decaying from 0.5 to 0 over the
-        warm start measured the same (0.86 at 0.3), so the simpler constant share stays.
+        Samples are what PPO's rollouts and deployment will show the frozen backbone, and their
+        variety keeps it robust to PPO's exploration; label layouts keep the objects at fine
+        resolution while the policy is still random, which a backbone fine-tuned on random layouts
+        alone loses. What each share costs, and the variants tried: docs/comparison.md and
+        docs/budgets.md.
         """
         share = float(self.hparams.teacher_forcing)
         if share <= 0:

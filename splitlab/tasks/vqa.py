@@ -85,7 +85,7 @@ class VQATask(SplitTask):
         super().train(mode)
         if not self.hparams.train_lm:
             self.head.bridge.lm.eval()  # frozen: no dropout
-            if mode and self.stage != "ppo":  # but LoRA's adapters train, with their own dropout
+            if mode and not self.task_frozen:  # but LoRA's adapters train, with their own dropout
                 for module in lora_adapters(self.head.bridge.lm):
                     module.train()
         return self

@@ -19,12 +19,12 @@ from splitlab.tokenizer.baselines import (
     patch_entropy,
     random_split_rate,
 )
-from splitlab.tokenizer.budget import OperatingPoints, budget_points
 from splitlab.tokenizer.decision import SplitDecision
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed
 from splitlab.tokenizer.labels import LabelEmbedding, embedding_difference_scores, warm_start_labels
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
+from splitlab.tokenizer.operating_points import OperatingPoints, budget_points
 from splitlab.tokenizer.quadtree import (
     build_layout,
     cap_fraction,

@@ -9,7 +9,7 @@ Shannon entropy in bits, and **one threshold per scale**: a patch of level ``k``
 its entropy reaches ``t_k`` (APT's ``select_patches_by_threshold`` keeps it whole where entropy
 < t). Larger patches have systematically higher entropy (measured on the generated images: 6.4
 bits at 32 px, 6.0 at 16 px, 5.0 at 8 px), so one threshold for all levels (``entropy_single``,
-the old baseline) splits nearly every coarse patch first.
+kept for comparison) splits nearly every coarse patch first.
 
 Where the per-level cuts come from:
 

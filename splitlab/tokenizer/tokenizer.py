@@ -10,11 +10,11 @@ import torch
 from torch import Tensor, nn
 
 import splitlab.tokenizer.policy as policy
-from splitlab.tokenizer.budget import OperatingPoints
 from splitlab.tokenizer.decision import SplitDecision
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed, space_to_depth
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
+from splitlab.tokenizer.operating_points import OperatingPoints
 from splitlab.tokenizer.quadtree import build_layout, cap_fraction, cap_splits
 
 Mode = Literal["sample", "threshold", "labels", "scores"]

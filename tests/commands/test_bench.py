@@ -9,6 +9,7 @@ import torch
 
 from splitlab.commands import run
 from splitlab.commands.bench import BenchConfig, run_bench
+from splitlab.commands.bench_table import bench_table
 
 
 def test_bench_reports_every_key(tmp_path) -> None:
@@ -28,6 +29,8 @@ def test_bench_reports_every_key(tmp_path) -> None:
     assert result["token_fraction"] == pytest.approx(0.6, abs=0.07)
     assert set(result["time_ms"]) == {"embed", "decide", "walk", "backbone"}
     assert 1.0 < result["ideal_speedup"] < 1.0 / 0.5  # fewer tokens, fewer FLOPs; attention is a part only
+    header, _, row = bench_table([result]).splitlines()
+    assert header.count("|") == row.count("|") and row.startswith("| test_vit | 64 | 4 |")
 
 
 def test_bench_times_the_predict_path_on_files(tmp_path) -> None:

@@ -107,7 +107,7 @@ def test_on_a_flat_background_the_object_is_the_only_busy_region() -> None:
     typical patch (its two colours), so entropy points away from the object."""
     import numpy as np
 
-    from splitlab.data.shapes import render
+    from splitlab.data.generators.shapes import render
     from splitlab.tokenizer import patch_entropy
 
     rng = np.random.default_rng(0)

@@ -13,8 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from splitlab.data.vqa import ANSWER_TYPES, QUESTION_TYPES, SPECIAL_TOKENS, VQAv2Data, vqa_words
-from splitlab.data.vqa_scenes import (
+from splitlab.data.generators.vqa_scenes import (
     BACKGROUNDS,
     COLOURS,
     PATTERNS,
@@ -25,6 +24,8 @@ from splitlab.data.vqa_scenes import (
     render_vqa_scene,
     shape_mask,
 )
+from splitlab.data.vqa import QUESTION_TYPES, SPECIAL_TOKENS, VQAv2Data, vqa_words
+from splitlab.metrics import VQA_ANSWER_TYPES
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def test_official_layout_and_keys(vqa_root: Path) -> None:
             assert len(ann["answers"]) == 10
             assert [a["answer_id"] for a in ann["answers"]] == list(range(1, 11))
             assert all(a["answer_confidence"] in ("yes", "maybe", "no") for a in ann["answers"])
-            assert ann["answer_type"] in ANSWER_TYPES
+            assert ann["answer_type"] in VQA_ANSWER_TYPES
             assert ann["question_type"] in QUESTION_TYPES
             counts = Counter(a["answer"] for a in ann["answers"]).most_common()
             assert ann["multiple_choice_answer"] == counts[0][0]

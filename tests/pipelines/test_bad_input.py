@@ -14,8 +14,7 @@ import torch
 from PIL import Image
 
 from splitlab.commands import main
-from splitlab.commands.demo import ci_recipe
-from tests.helpers import schedule_args, tiny_args
+from tests.helpers import schedule_args, tiny_args, twin_configs
 
 
 def fails(capsys: pytest.CaptureFixture, argv: list[str], *expected: str) -> str:
@@ -207,18 +206,11 @@ def test_a_corrupt_image_is_skipped_counted_and_reported(shapes_root, tmp_path, 
     assert f"{bad}" in capsys.readouterr().err and not list((tmp_path / "strict").rglob("*.ckpt"))
 
 
-@pytest.fixture(scope="module")
-def coco_root(tmp_path_factory):
-    from splitlab.data import generate_coco
-
-    return generate_coco(tmp_path_factory.mktemp("coco"), image_size=128, train=4, val=2)
-
-
 def twin_args(task: str, root, log_dir, *extra: str) -> list[str]:
     """``fit`` of a dense CI twin on ``root``, logging under ``log_dir``."""
     return [
         "fit",
-        *ci_recipe(task),
+        *twin_configs(task),
         f"--data.init_args.root={root}",
         f"--trainer.logger.init_args.save_dir={log_dir}",
         "--trainer.enable_progress_bar=false",
@@ -324,13 +316,6 @@ def test_a_missing_coco_annotation_file(coco_root, tmp_path, capsys) -> None:
     shutil.copytree(coco_root, root)
     (root / "annotations" / "instances_val2017.json").unlink()
     fails(capsys, coco_args(root, tmp_path / "logs"), "instances_val2017.json: no such annotation file")
-
-
-@pytest.fixture(scope="module")
-def ade_root(tmp_path_factory):
-    from splitlab.data import generate_ade20k
-
-    return generate_ade20k(tmp_path_factory.mktemp("ade"), image_size=128, train=20, val=2)
 
 
 def ade_args(root, log_dir, *extra: str) -> list[str]:

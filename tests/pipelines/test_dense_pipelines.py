@@ -8,8 +8,8 @@ import json
 import pytest
 
 from splitlab.cli import lightning_main
-from splitlab.commands.demo import ci_recipe, run_pipeline
-from tests.helpers import one_point_curve
+from splitlab.commands.demo import run_pipeline
+from tests.helpers import one_point_curve, twin_configs
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +36,7 @@ def test_fit_writes_a_summary(runs, task, metric) -> None:
         assert abs(_row(record, baseline)["token_fraction_mean"] - learned["token_fraction_mean"]) <= 0.03
     uniform = _row(record, "uniform")
     assert uniform["token_fraction_mean"] == 1.0
-    assert (
-        uniform["metric"] > {"miou": 0.6, "map": 0.15}[metric]
-    )  # the dense stage trained a working backbone
+    assert uniform["metric"] > {"miou": 0.6, "map": 0.5}[metric]  # the dense stage trained a working backbone
     assert learned["images_per_second"] > 0
 
 
@@ -47,7 +45,7 @@ def test_fit_writes_a_summary(runs, task, metric) -> None:
 def test_validate_and_test_from_the_checkpoint(runs, task, command, tmp_path) -> None:
     out, record = runs[task]
     args = [
-        *ci_recipe(task),
+        *twin_configs(task),
         f"--data.init_args.root={out / 'data'}",
         f"--trainer.logger.init_args.save_dir={tmp_path}",
     ]
@@ -122,6 +120,45 @@ def test_segmentation_regression(runs, measured) -> None:
     assert learned["miou"] >= random["miou"]
 
 
+def check_detection(record: dict, seed: int, measured) -> None:
+    """The detection twin tells policies apart (docs/detection.md): the uniform grid detects well, and
+    at half the tokens the learned layout beats random by 0.10 mAP and entropy, with fine tokens on
+    at least 70% of the object cells."""
+    learned, uniform, random, entropy = (_row(record, p) for p in ("learned", "uniform", "random", "entropy"))
+    measured(  # the numbers belong in the CI log
+        f"coco seed {seed}: learned mAP {learned['map']:.3f} at fraction {learned['token_fraction_mean']:.3f} "
+        f"(object fine coverage {learned['object_fine_coverage']:.3f}), uniform {uniform['map']:.3f}, "
+        f"random {random['map']:.3f} ({random['object_fine_coverage']:.3f}), entropy {entropy['map']:.3f}"
+    )
+    assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    assert uniform["map"] >= 0.5, f"the dense stage left the uniform grid at mAP {uniform['map']:.3f}"
+    assert learned["map"] >= random["map"] + 0.10, f"learned {learned['map']:.3f}, random {random['map']:.3f}"
+    assert learned["map"] >= entropy["map"]
+    assert learned["object_fine_coverage"] >= 0.7
+
+
+def test_detection_regression(runs, measured) -> None:
+    check_detection(runs["coco"][1], 0, measured)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="a measured miss (docs/detection.md): trained at 0.7 the policy keeps 0.83-0.88 of uniform mAP, "
+    "below the 0.9 asked; the same twin's policy trained at 0.5 ranks well enough for 0.92 at 0.7",
+)
+def test_detection_at_a_larger_budget_keeps_nine_tenths_of_uniform(tmp_path, measured) -> None:
+    record = run_pipeline(
+        tmp_path / "coco", seed=0, quiet=True, task="coco", extra=["--model.init_args.target_fraction=0.7"]
+    )
+    learned, uniform = _row(record, "learned"), _row(record, "uniform")
+    measured(
+        f"coco @0.7: learned mAP {learned['map']:.3f} at {learned['token_fraction_mean']:.3f}, uniform {uniform['map']:.3f}"
+    )
+    assert abs(learned["token_fraction_mean"] - 0.7) <= 0.03
+    assert learned["map"] >= 0.9 * uniform["map"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["ade20k", "coco"])
 @pytest.mark.parametrize("seed", [1, 2])
@@ -132,3 +169,5 @@ def test_dense_twins_meet_the_budget_across_seeds(tmp_path, task, seed, measured
         f"{task} seed {seed}: learned {learned['metric']:.3f} at fraction {learned['token_fraction_mean']:.3f}"
     )
     assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    if task == "coco":
+        check_detection(record, seed, measured)

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from splitlab.cli import lightning_main
-from splitlab.commands.demo import ci_recipe, run_pipeline
+from splitlab.commands.demo import run_pipeline
+from tests.helpers import twin_configs
 
 BUDGETS = {"": 0.5, "@0.3": 0.3, "@0.7": 0.7}  # the twin deploys 0.5 and is evaluated at 0.3 and 0.7
 
@@ -91,7 +92,7 @@ def test_learned_policy_meets_every_budget_and_beats_the_baselines(busy, tmp_pat
     # a hard cap at the mean budget bounds every image and costs at most 0.01 top-1
     capped = tmp_path / "capped"
     args = [
-        *ci_recipe(),
+        *twin_configs(),
         f"--data.init_args.root={run / 'data'}",
         "--trainer.logger=false",
         f"--trainer.default_root_dir={capped}",

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from splitlab.cli import lightning_main
-from splitlab.commands.demo import ci_recipe, run_pipeline
-from splitlab.data.vqa_scenes import SCENES
-from tests.helpers import TWO_CPU_RANKS, launch, one_point_curve
+from splitlab.commands.demo import run_pipeline
+from splitlab.data.generators.vqa_scenes import SCENES
+from tests.helpers import TWO_CPU_RANKS, launch, one_point_curve, twin_configs
 
 KINDS = ("vqa_q_what_pattern", "vqa_q_what_color", "vqa_q_is_there", "vqa_q_how_many")
 
@@ -82,7 +82,7 @@ def test_validate_test_and_predict_from_the_checkpoint(vqa_run, tmp_path, comman
         data = Path(shutil.copytree(data, tmp_path / "questions-only"))
         (data / "v2_mscoco_val2014_annotations.json").unlink()
     args = [
-        *ci_recipe("vqa"),
+        *twin_configs("vqa"),
         f"--data.init_args.root={data}",
         f"--model.init_args.tokenizer={out / 'data' / 'vocab.json'}",
         "--trainer.logger=false",
@@ -122,7 +122,7 @@ def test_predict_on_two_ranks_writes_one_results_file(vqa_run, tmp_path) -> None
     launch(
         [
             "predict",
-            *ci_recipe("vqa"),
+            *twin_configs("vqa"),
             f"--data.init_args.root={out / 'data'}",
             f"--model.init_args.tokenizer={out / 'data' / 'vocab.json'}",
             "--trainer.logger=false",

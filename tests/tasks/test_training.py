@@ -319,6 +319,29 @@ def test_the_warm_start_labels_read_a_frozen_copy_of_the_initial_patch_embedding
     assert bool(end["label_embedding.taken"])
 
 
+def test_a_warm_start_without_fine_tuning_trains_the_decision_module_alone(shapes_root, tmp_path) -> None:
+    """``warm_start_finetune: false``: backbone, head and embeddings keep the weights the fit started
+    from (and sit in eval mode); the decision module imitates the labels; the task loss is still logged."""
+    cli = fit(
+        shapes_root,
+        tmp_path,
+        *schedule_args(1, 0, also=[{"class_path": "tests.helpers.StartWeights"}]),
+        "--model.init_args.warm_start_finetune=false",
+        "--trainer.limit_train_batches=3",
+    )
+    task = cli.model
+    assert task.stage == "warm_start" and task.task_frozen
+    assert not any(m.training for m in task.task_modules())
+    start = next(c.weights for c in cli.trainer.callbacks if isinstance(c, StartWeights)).items()
+    end = task.state_dict()
+    moved = {k for k, v in start if v.is_floating_point() and not torch.equal(end[k], v)}
+    task_part = ("model.backbone.", "model.head.", "model.tokenizer.embed.")
+    assert not {k for k in moved if k.startswith(task_part)}
+    assert any(k.startswith("model.tokenizer.decision.") for k in moved)
+    logged = [r for r in csv.DictReader((tmp_path / "metrics.csv").open()) if r.get("train/task_loss")]
+    assert logged and all(float(r["train/task_loss"]) > 0 for r in logged)
+
+
 def test_live_labels_follow_the_fine_tuned_patch_embedding(shapes_root, tmp_path, monkeypatch) -> None:
     """``label_target: live`` reads the labels from the backbone being fine-tuned (the earlier
     behaviour, kept to compare); an unknown target is refused naming the setting."""

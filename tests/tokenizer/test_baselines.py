@@ -103,7 +103,7 @@ def test_apt_thresholds_are_per_level_not_one_for_all() -> None:
     thresholds split the same share of each level."""
     import numpy as np
 
-    from splitlab.data.shapes import CLASSES, render
+    from splitlab.data.generators.shapes import CLASSES, render
 
     rng = np.random.default_rng(0)
     pictures = [render(CLASSES[i % 4], rng, 128)[0] for i in range(16)]  # the generated shapes data

@@ -26,10 +26,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from splitlab.data.shapes import draw_background, pattern_mask
+from splitlab.data.generators.shapes import draw_background, pattern_mask
 from splitlab.data.vqa import (
-    ANSWER_TYPES,
-    ANSWERS_PER_QUESTION,
     QUESTION_TYPES,
     SPECIAL_TOKENS,
     SPLITS,
@@ -40,6 +38,7 @@ from splitlab.data.vqa import (
     questions_file,
     vqa_words,
 )
+from splitlab.metrics.vqa import ANSWERS_PER_QUESTION, VQA_ANSWER_TYPES
 
 COLOURS: dict[str, tuple[float, float, float]] = {
     "red": (0.8, 0.15, 0.15),
@@ -480,7 +479,7 @@ def generate_vqa(
         "objects": list(objects),
         "background": background,
         "question_types": list(QUESTION_TYPES),
-        "answer_types": list(ANSWER_TYPES),
+        "answer_types": list(VQA_ANSWER_TYPES),
         "detail": DETAIL,
         "shade": shade,
         "patterned": patterned,

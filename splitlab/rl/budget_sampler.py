@@ -17,9 +17,8 @@ class BudgetSampler(nn.Module):
     average of its task loss; its probability is that average's *excess over the lowest point's*,
     normalised, mixed with a uniform ``floor`` so every point keeps training. The excess, not the
     loss itself: every point's loss also holds what the frozen model gets wrong with any layout,
-    which more policy steps cannot win back, and weights proportional to the whole loss gave the
-    tightest point of the classification twin 20-25% of the PPO steps (losses 0.23 to 0.16 over
-    0.3 to 0.7), barely more than uniform draws' 20% (docs/budgets.md). Draws are a function of
+    which more policy steps cannot win back, so weights proportional to the whole loss barely
+    favour the tight points (measured in docs/budgets.md). Draws are a function of
     a seed the caller passes (the same on every rank); the averages are reduced across ranks and
     live in buffers (checkpointed).
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from splitlab.data.shapes import check_image_size, pattern_mask
+from splitlab.data.generators.shapes import check_image_size, pattern_mask
 
 STUFF = ("ground", "wall")
 THINGS = ("hstripes", "vstripes", "checks")

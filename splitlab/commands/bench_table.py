@@ -1,0 +1,99 @@
+"""`splitlab bench`'s tables: one run's measurements as text, and many runs side by side in markdown
+(``make gpu-check``'s summary). Kept beside the command, apart from the run summary of `splitlab.report`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def format_bench(r: dict[str, Any]) -> str:
+    """The measurements as a text table."""
+    cfg = r["config"]
+    mem = (
+        f"{r['peak_memory_mib_uniform']:.0f} / {r['peak_memory_mib_split']:.0f} MiB"
+        if r["peak_memory_mib_uniform"] is not None
+        else "n/a on CPU"
+    )
+    t = r["time_ms"]
+    rows = [
+        (
+            "model",
+            f"{cfg['model'] if not cfg['ckpt'] else cfg['ckpt']} @ {cfg['img_size'][0]} px, levels {tuple(cfg['levels'])}",
+        ),
+        ("device / dtype / batch", f"{r['device_name']} / {cfg['dtype']} / {cfg['batch_size']}"),
+        ("attention backend", r["attn_backend"]),
+        (
+            "token fraction",
+            f"{r['token_fraction']:.3f} ({r['tokens_split_mean']:.1f} of {r['tokens_uniform']} tokens)",
+        ),
+        ("uniform (timm) img/s", f"{r['throughput_uniform']:.2f}"),
+        ("SPLIT img/s", f"{r['throughput_split']:.2f}"),
+        ("speed-up", f"{r['speedup']:.3f}x"),
+        (
+            "ideal (FLOP) speed-up",
+            f"{r['ideal_speedup']:.3f}x  (achieved {r['speedup_over_ideal']:.1%} of ideal)",
+        ),
+        (
+            "time embed/decide/walk/backbone",
+            f"{t['embed']:.1f} / {t['decide']:.1f} / {t['walk']:.1f} / {t['backbone']:.1f} ms",
+        ),
+        ("overhead / backbone", f"{r['overhead_fraction']:.1%}"),
+        ("peak memory uniform / SPLIT", mem),
+        (
+            "host syncs per SPLIT batch",
+            "n/a on CPU" if r.get("host_syncs_per_batch") is None else str(r["host_syncs_per_batch"]),
+        ),
+    ]
+    if "predict" in r:
+        e = r["predict"]
+        rows += [
+            (
+                "predict end to end img/s",
+                f"uniform {e['images_per_second_uniform']:.2f} / SPLIT {e['images_per_second_split']:.2f} "
+                f"({e['images']} files at fraction {e['token_fraction']:.3f}, {e['workers']} decoding worker(s))",
+            ),
+            (
+                "predict speed-up",
+                f"{e['speedup']:.3f}x  ({e['share_of_backbone_speedup']:.1%} of the backbone speed-up)",
+            ),
+        ]
+    if "vqa" in r:
+        v = r["vqa"]
+        rows += [
+            (
+                "VQA (ViT + projector + LM prefill)",
+                f"{v['lm_width']}-wide LM, {v['text_tokens']} text tokens",
+            ),
+            (
+                "VQA img/s uniform / SPLIT",
+                f"{v['images_per_second_uniform']:.2f} / {v['images_per_second_split']:.2f}",
+            ),
+            ("VQA speed-up", f"{v['speedup']:.3f}x"),
+        ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def bench_table(records: list[dict[str, Any]]) -> str:
+    """`splitlab bench` results side by side, as a markdown table (``make gpu-check``'s summary)."""
+    lines = [
+        "| model | px | batch | dtype | backend | compile | fraction | uniform img/s | SPLIT img/s | speed-up "
+        "| FLOP-ideal | of ideal | overhead | peak MiB uniform / SPLIT | host syncs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        c = r["config"]
+        memory = (
+            f"{r['peak_memory_mib_uniform']:.0f} / {r['peak_memory_mib_split']:.0f}"
+            if r.get("peak_memory_mib_uniform") is not None
+            else "n/a"
+        )
+        syncs = r.get("host_syncs_per_batch")
+        lines.append(
+            f"| {c['model']} | {c['img_size'][0]} | {c['batch_size']} | {c['dtype']} | {r['attn_backend']} | "
+            f"{'yes' if c['compile'] else 'no'} | {r['token_fraction']:.3f} | {r['throughput_uniform']:.1f} | "
+            f"{r['throughput_split']:.1f} | {r['speedup']:.3f}x | {r['ideal_speedup']:.3f}x | "
+            f"{r['speedup_over_ideal']:.1%} | {r['overhead_fraction']:.1%} | {memory} | "
+            f"{'n/a' if syncs is None else syncs} |"
+        )
+    return "\n".join(lines)
