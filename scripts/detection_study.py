@@ -29,11 +29,11 @@ import splitlab
 from splitlab.data import CocoDetectionData
 from splitlab.heads import without_crowd
 from splitlab.metrics import coco_truth, detection_metrics, instance_label_map
-from splitlab.tokenizer import TokenLayout
+from splitlab.tokenizer import Levels, TokenLayout
 from splitlab.tokenizer.baselines import calibrate_threshold
 
 
-def box_cover(boxes: list[Tensor], levels, size: tuple[int, int]) -> list[Tensor]:
+def box_cover(boxes: list[Tensor], levels: Levels, size: tuple[int, int]) -> list[Tensor]:
     """Per non-finest level ``(B, h, w)``: the share of each patch that ground-truth boxes cover."""
     masks = torch.zeros(len(boxes), *size)
     for i, b in enumerate(boxes):
@@ -95,10 +95,10 @@ def curve(model, loader, fractions: list[float], max_batches: int) -> dict:
     rows: dict[str, dict] = {}
 
     def evaluate(name: str, layouts) -> None:
+        """mAP and object coverage of ``(layout, targets)`` pairs."""
         metrics = detection_metrics(cell)
         realised = []
-        for images, targets in layouts:
-            layout = images
+        for layout, targets in layouts:
             out = model.forward_layout(layout)
             preds, truth = [], []
             for det, tgt in zip(model.head.detect(out), targets, strict=True):
