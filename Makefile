@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-slurm lint format clean gpu-check
+.PHONY: demo test test-distributed test-slow test-slurm lint format clean gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,8 +20,12 @@ demo: $(STAMP)
 # Two workers (pytest-xdist, whole files each, the long twins first: tests/conftest.py), one thread
 # each: the tiny models are mostly Python, so two processes use both cores where one did not.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow and not slurm" -n 2 --dist loadfile --no-loadscope-reorder \
-		--durations=15  # the slowest tests, to keep the suite under 15 min
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow and not slurm and not distributed" -n 2 --dist loadfile \
+		--no-loadscope-reorder --durations=15  # the slowest tests, to keep the suite under 15 min
+
+# Training on two CPU ranks (DDP and FSDP over gloo): each run takes both cores, so one at a time (~4 min).
+test-distributed: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "distributed and not slow" --durations=5
 
 # On a machine with a GPU: CUDA tests and the paper's benchmarks (<= 8 min), results in $${OUT:-runs/gpu-check}.
 gpu-check: $(STAMP)

@@ -60,9 +60,10 @@ def ade_root(tmp_path_factory: pytest.TempPathFactory):
 # The end-to-end twins (a dense stage, then SPLIT training: minutes each) run first, so that under
 # `make test`'s two workers (pytest-xdist, whole files per worker) they start at once on different
 # workers and the many short tests fill in around them, instead of queueing last on one worker.
-LONG_FIRST = (
-    "tests/pipelines/test_dense_pipelines.py",
+LONG_FIRST = (  # longest first (measured under `make test`), so the two workers finish together
+    "tests/pipelines/test_detection_pipeline.py",
     "tests/pipelines/test_vqa_pipeline.py",
+    "tests/pipelines/test_segmentation_pipeline.py",
     "tests/pipelines/test_regression.py",
 )
 

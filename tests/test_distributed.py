@@ -160,6 +160,7 @@ def _sharded_training(rank: int, world: int, store: str, case: str, results) -> 
     os._exit(0)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize(
     ("case", "tolerance"), [("FULL_SHARD", 1e-5), ("SHARD_GRAD_OP", 1e-5), ("FULL_SHARD-bf16", 0.05)]
 )

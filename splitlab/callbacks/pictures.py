@@ -95,7 +95,7 @@ class TokenMapPictures(Callback):
         log_dir = trainer.log_dir or trainer.default_root_dir
         if not trainer.is_global_zero:
             return
-        mean, std = pl_module.normalisation
+        mean, std = pl_module.model.preprocessing.mean, pl_module.model.preprocessing.std
         images = outputs["images"]
         pictures = {
             "token_map": draw_token_map(images, outputs["layout"], mean, std, self.num_images, self.scale)

@@ -12,11 +12,11 @@ from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from splitlab.data.common import SkipCorrupt, SplitDataModule, check_source, require_dir
+from splitlab.data.common import BaseDataModule, SkipCorrupt, check_source, require_dir
 from splitlab.model.preprocess import Preprocessing
 
 
-class ImageClassificationData(SplitDataModule):
+class ImageClassificationData(BaseDataModule):
     """Classification data from an ImageFolder tree or a Hugging Face dataset.
 
     Exactly one of ``root`` (``root/<split>/<class>/<image>``) and ``hf_dataset`` (a hub name or a
@@ -113,7 +113,7 @@ class ImageClassificationData(SplitDataModule):
             crop_pct=hp.crop_pct,
         )
 
-    def _split(self, name: str, training: bool) -> Dataset | None:
+    def _subset(self, name: str, training: bool) -> Dataset | None:
         hp = self.hparams
         transform = self.transform(training)
         if hp.root is not None:
@@ -155,18 +155,18 @@ class ImageClassificationData(SplitDataModule):
     def setup(self, stage: str) -> None:
         hp = self.hparams
         if "train" not in self.datasets:
-            train = self._split(hp.train_split, training=True)
+            train = self._subset(hp.train_split, training=True)
             if train is None:
                 raise self.missing_split("train_split", hp.train_split)
             self.datasets["train"] = train
         if "val" not in self.datasets:
-            val = self._split(hp.val_split, training=False)
+            val = self._subset(hp.val_split, training=False)
             if val is None:
                 raise self.missing_split("val_split", hp.val_split)
             self.datasets["val"] = val
         if stage == "test" and "test" not in self.datasets:
             self._check_labelled(hp.test_split)
-            self.datasets["test"] = self._split(hp.test_split, training=False) or self.datasets["val"]
+            self.datasets["test"] = self._subset(hp.test_split, training=False) or self.datasets["val"]
         if stage == "predict" and "predict" not in self.datasets:
             self.use_for_predict(*self._predict_split())
 
@@ -175,11 +175,11 @@ class ImageClassificationData(SplitDataModule):
         there is one, else the validation split."""
         hp = self.hparams
         if hp.predict_split is not None:
-            dataset = self._split(hp.predict_split, training=False)
+            dataset = self._subset(hp.predict_split, training=False)
             if dataset is None:
                 raise self.missing_split("predict_split", hp.predict_split)
             return dataset, hp.predict_split
-        dataset = self._split(hp.test_split, training=False)
+        dataset = self._subset(hp.test_split, training=False)
         return (dataset, hp.test_split) if dataset is not None else (self.datasets["val"], hp.val_split)
 
     def _check_labelled(self, name: str) -> None:

@@ -280,7 +280,7 @@ def require_dir(path: str | Path, setting: str) -> Path:
     return p
 
 
-class SplitDataModule(LightningDataModule):
+class BaseDataModule(LightningDataModule):
     """Loaders every splitlab DataModule shares: a `ResumableSampler` for training, dataset order for
     evaluation. Subclasses fill ``self.datasets`` (``train``, ``val`` and optionally ``test``) in
     ``setup`` and have ``batch_size``, ``num_workers`` and ``shuffle_seed`` hyperparameters."""
@@ -380,3 +380,15 @@ class SplitDataModule(LightningDataModule):
             pin_memory=torch.cuda.is_available(),
             collate_fn=SourcedCollate(type(self).collate_fn),
         )
+
+
+def __getattr__(name: str) -> Any:
+    """`SplitDataModule`, the old name of `BaseDataModule` ("split" is SPLIT's word), for one release."""
+    if name == "SplitDataModule":
+        warnings.warn(
+            "splitlab.data.common.SplitDataModule is now BaseDataModule; the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return BaseDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from splitlab.data.common import SkipCorrupt, SplitDataModule, require_dir
+from splitlab.data.common import BaseDataModule, SkipCorrupt, require_dir
 from splitlab.model.preprocess import Preprocessing
 
 IMAGE_FIELDS = ("id", "file_name")
@@ -200,7 +200,7 @@ def letterbox(preprocessing: Preprocessing, flip: bool) -> Any:
     return preprocessing.transforms(pre=pre, post=post)
 
 
-class CocoDetectionData(SplitDataModule):
+class CocoDetectionData(BaseDataModule):
     """COCO detection for `DetectionTask`: images letterboxed to ``img_size`` (longer side), padded square.
 
     Args:
@@ -236,7 +236,7 @@ class CocoDetectionData(SplitDataModule):
         self.mean, self.std, self.img_size = tuple(mean), tuple(std), img_size
         self.datasets: dict[str, Dataset] = {}
 
-    def _split(self, images: str, annotations: str, training: bool) -> Dataset:
+    def _subset(self, images: str, annotations: str, training: bool) -> Dataset:
         hp = self.hparams
         root = Path(hp.root)
         folder = require_dir(root / images, f"data.root/{images}")
@@ -253,11 +253,11 @@ class CocoDetectionData(SplitDataModule):
     def setup(self, stage: str) -> None:
         hp = self.hparams
         if "val" not in self.datasets:
-            self.datasets["val"] = self._split(hp.val_images, hp.val_annotations, False)
+            self.datasets["val"] = self._subset(hp.val_images, hp.val_annotations, False)
         if stage == "predict" and "predict" not in self.datasets:
             self.use_for_predict(self.datasets["val"], hp.val_images)
         if stage == "fit" and "train" not in self.datasets:
-            self.datasets["train"] = self._split(hp.train_images, hp.train_annotations, True)
+            self.datasets["train"] = self._subset(hp.train_images, hp.train_annotations, True)
             self._check_same_categories()
 
     def _check_same_categories(self) -> None:

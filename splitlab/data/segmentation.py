@@ -24,8 +24,8 @@ from tqdm.auto import tqdm
 from splitlab.data.common import (
     UNREADABLE,
     BadSample,
+    BaseDataModule,
     SkipCorrupt,
-    SplitDataModule,
     check_source,
     require_dir,
 )
@@ -154,7 +154,7 @@ def encode(
     return img, mask.as_subclass(torch.Tensor).long()
 
 
-class ADE20KData(SplitDataModule):
+class ADE20KData(BaseDataModule):
     """ADE20K (or any dataset in its layout) for `SegmentationTask`.
 
     Training: random rescale (``scale_range`` of ``img_size``), random ``img_size`` crop (padded
@@ -227,7 +227,7 @@ class ADE20KData(SplitDataModule):
             ]
         )
 
-    def _split(self, name: str, training: bool) -> Dataset | None:
+    def _subset(self, name: str, training: bool) -> Dataset | None:
         hp = self.hparams
         transform = self.transform(training)
         if hp.root is not None:
@@ -272,13 +272,13 @@ class ADE20KData(SplitDataModule):
         hp = self.hparams
         for key, setting, training in (("train", "train_split", True), ("val", "val_split", False)):
             if key not in self.datasets:
-                ds = self._split(hp[setting], training)
+                ds = self._subset(hp[setting], training)
                 if ds is None:
                     raise self.missing_split(setting, hp[setting], under="images")
                 self.datasets[key] = ds
         if stage == "predict" and "predict" not in self.datasets:
             name = hp.predict_split or hp.val_split
-            ds = self.datasets["val"] if name == hp.val_split else self._split(name, False)
+            ds = self.datasets["val"] if name == hp.val_split else self._subset(name, False)
             if ds is None:
                 raise self.missing_split("predict_split", name, under="images")
             self.use_for_predict(ds, name)

@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from splitlab.data.common import SkipCorrupt, SplitDataModule, check_source, require_dir
+from splitlab.data.common import BaseDataModule, SkipCorrupt, check_source, require_dir
 from splitlab.metrics.vqa import ANSWERS_PER_QUESTION, VQA_ANSWER_TYPES
 from splitlab.model.preprocess import LETTERBOX_FILTERS, Preprocessing
 
@@ -327,7 +327,7 @@ def collate(batch: list[tuple[torch.Tensor, dict[str, Any]]]) -> tuple[torch.Ten
     return torch.stack([b[0] for b in batch]), [b[1] for b in batch]
 
 
-class VQAv2Data(SplitDataModule):
+class VQAv2Data(BaseDataModule):
     """VQAv2 for a vision-language task: one item per image with all its questions.
 
     Exactly one of ``root`` (the official layout, see the module docstring) and ``hf_dataset``

@@ -244,7 +244,7 @@ class SplitModel(nn.Module, HubWeights):
         if policy not in BASELINES:
             raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
         return baseline_scores(
-            policy, images, self.levels, fraction=budget, generator=generator, mean=mean, std=std
+            policy, images, self.levels, budget=budget, generator=generator, mean=mean, std=std
         )
 
     def layout(

@@ -26,7 +26,7 @@ class FractionController(nn.Module):
       meets the budget, and smoothed with an EMA against batch noise;
     - the integral is clamped to ``[0, lambda_max]`` (anti-windup).
 
-    With several targets (a budget-conditioned policy) the controller keeps one multiplier per
+    With several budgets (a budget-conditioned policy) the controller keeps one multiplier per
     budget point, each updated only by the batches trained at its budget; λ between points is
     interpolated (`value_at`).
 
@@ -34,7 +34,7 @@ class FractionController(nn.Module):
     to a cross-rank mean, every rank computes the same λ.
 
     Args:
-        target: target mean token fraction, or one per budget point (ascending).
+        budget: the target mean token fraction, or one per budget point (ascending).
         lr: integral gain η (0 switches the integral off).
         gain: proportional gain k_p (0, with ``damping`` 0, gives the plain dual update).
         damping: derivative gain k_d.
@@ -46,7 +46,7 @@ class FractionController(nn.Module):
 
     def __init__(
         self,
-        target: float | Sequence[float],
+        budget: float | Sequence[float],
         lr: float = 0.1,
         gain: float = 0.5,
         damping: float = 0.0,
@@ -56,21 +56,21 @@ class FractionController(nn.Module):
         reduce: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
         super().__init__()
-        targets = [float(t) for t in (target if isinstance(target, Sequence) else [target])]
-        self.targets = targets
+        budgets = [float(b) for b in (budget if isinstance(budget, Sequence) else [budget])]
+        self.budgets = budgets
         self.lr, self.gain, self.damping = float(lr), float(gain), float(damping)
         self.smoothing, self.lambda_max = float(smoothing), float(lambda_max)
         self.reduce = reduce
-        k = len(targets)
+        k = len(budgets)
         self.register_buffer("integral", torch.full((k,), float(lambda_init)))
         self.register_buffer("error", torch.zeros(k))
         self.register_buffer("change", torch.zeros(k))
         self.register_buffer("steps", torch.zeros(k, dtype=torch.long))
 
     @property
-    def target(self) -> float:
-        """The (first) target."""
-        return self.targets[0]
+    def budget(self) -> float:
+        """The (first) budget."""
+        return self.budgets[0]
 
     @property
     def values(self) -> Tensor:
@@ -87,7 +87,7 @@ class FractionController(nn.Module):
         values = self.values.tolist()
         if len(values) == 1:
             return values[0]
-        points = self.targets
+        points = self.budgets
         budget = min(max(float(budget), points[0]), points[-1])
         i = min(max(bisect.bisect_right(points, budget) - 1, 0), len(points) - 2)
         w = (budget - points[i]) / (points[i + 1] - points[i])
@@ -105,7 +105,7 @@ class FractionController(nn.Module):
         f = torch.as_tensor(fraction, dtype=torch.float32, device=self.integral.device).mean()
         if self.reduce is not None:
             f = self.reduce(f)
-        error = f - self.targets[point]
+        error = f - self.budgets[point]
         first = bool(self.steps[point] == 0)
         previous = self.error[point].clone()
         smoothed = error if first else self.smoothing * self.error[point] + (1 - self.smoothing) * error

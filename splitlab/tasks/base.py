@@ -1,4 +1,4 @@
-"""`SplitTask`: the LightningModule every task builds on (stages, optimizers, evaluation, summary)."""
+"""`SplitTask`: the template every task builds on: what a task overrides, and what runs when."""
 
 from __future__ import annotations
 
@@ -16,97 +16,39 @@ from splitlab.metrics import PolicyStats
 from splitlab.model import SplitModel, model_settings
 from splitlab.model.base import TRAINED_POLICIES as POLICIES
 from splitlab.rl import BudgetSampler, FractionController, PPOConfig
+from splitlab.tasks.calibration import Calibration
 from splitlab.tasks.evaluation import PolicyEvaluation, slot
-from splitlab.tasks.state import TaskState
+from splitlab.tasks.renamed import adopt_renamed
+from splitlab.tasks.state import SamplingStream, TaskState
 from splitlab.tasks.training import LABEL_TARGETS, Stage, StageTraining
 from splitlab.tokenizer import BASELINES, LabelEmbedding, Levels, SplitTokenizer, TokenLayout
 
 
-class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
-    """A SPLIT model for one task: tokenizer + `PackedViT` + task head, trained in stages.
+class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, LightningModule):
+    """A SPLIT model for one task (`SplitModel`: tokenizer + `PackedViT` + head, ``self.model``) and
+    what only training needs, trained in stages: ``dense`` (uniform grid, a backbone without
+    pretrained weights), ``warm_start`` (the decision module imitates embedding-difference labels
+    while the backbone fine-tunes on its layouts), ``ppo`` (backbone frozen, the policy learns from
+    reward = -task loss - λ·token fraction). `splitlab.callbacks.SplitSchedule` enters the stages.
 
-    Stages (entered through `set_stage`, which `splitlab.callbacks.SplitSchedule` calls; the
-    schedule also tells the task its epoch counts through `plan_stages`):
+    A task overrides ``model_class`` (its head), `build_metrics`, `per_image_loss` and
+    `update_metrics`; where its batches or outputs differ, `unpack_batch`, `repeat_targets`,
+    `finish_outputs`, `finish_results`, `describe_prediction` and `rebuilt_keys`.
 
-    - ``dense``: the backbone and head train on the uniform finest grid (pretraining a backbone
-      that has no pretrained weights, e.g. in CI).
-    - ``warm_start``: the decision module imitates embedding-difference labels (BCE) while the
-      backbone and head fine-tune on mixed-resolution layouts sampled from that policy (or stay as
-      they are: ``warm_start_finetune``).
-    - ``ppo``: backbone, head and embeddings are frozen; the decision module alone learns from
-      reward = -per-sample task loss - λ·token fraction, λ held by a `FractionController`.
-
-    The deployable parts (backbone, tokenizer, head, names, preprocessing) are one `SplitModel`,
-    ``self.model`` (``model_class`` of the task: its head); the task adds what only training needs.
-    Subclasses supply the model class, the per-sample loss and the metrics; the stage logic lives
-    here once. The task imports no callback: the schedule, pictures and layout
-    writer come from the recipe or the CLI's defaults (`splitlab.cli`). Optimisation is manual (two optimizers: task and policy), as
-    PPO needs several updates per batch.
-
-    Args:
-        backbone: timm model name (a ViT or an EVA-02).
-        pretrained: load timm's pretrained weights (needs the hub or its cache).
-        checkpoint_path: local backbone weights for offline machines.
-        backbone_kwargs: extra ``timm.create_model`` arguments (``img_size``, ``depth``, ...).
-        levels: patch sizes coarse to fine; default: up to 3 levels that divide the image.
-        target_fraction: the token budget: target mean token fraction of training (unconditioned
-            policy) and the budget evaluation, test and predict deploy.
-        budgets: ``[lowest, highest]``: train one budget-conditioned policy for every budget in
-            this range (points ``budget_step`` apart, one drawn per batch); None trains for
-            ``target_fraction`` alone.
-        budget_step: spacing of the training budget points.
-        max_fraction: hard cap on any image's token fraction at inference (None: no cap).
-        eval_budgets: further budgets the learned policy is evaluated at (budget-conditioned
-            policies), each with the baselines at its realised fraction (``learned@0.3``, ...).
-        calibration_images: training images that set the deployed cut of every budget before each
-            validation of a fit (`recalibrate`; 0: the running average of training batches only).
-        decision_dim: width of the decision module.
-        decision_heads: heads of its cross-attention.
-        attn_backend: packed-attention backend (``auto`` picks the fastest available).
-        lr: learning rate of backbone, head and embeddings (dense and warm-start stages).
-        weight_decay: AdamW weight decay (not on biases, norms, tokens and position embeddings).
-        warmup_steps: linear warm-up steps of the task learning rate (then cosine to 0).
-        policy_lr: learning rate of the decision module in PPO.
-        imitation_lr: learning rate of the decision module in the warm start (imitation is an
-            easy supervised problem; PPO needs small steps so λ can keep up with the policy).
-        imitation_weight: weight of the warm-start BCE.
-        teacher_forcing: share of warm-start images whose layout is the imitation labels instead of
-            a sample of the policy (`warm_start_layout`).
-        warm_start_finetune: fine-tune backbone, head and embeddings on the warm start's layouts
-            (the paper); false trains the decision module alone, e.g. a backbone that already reads
-            mixed layouts well (docs/detection.md measures both).
-        label_target: the patch embedding the imitation labels read: ``initial`` (a frozen copy as
-            the warm start began, a fixed target) or ``live`` (the one being fine-tuned; labels
-            follow it). Measured in docs/budgets.md.
-        grad_clip: gradient-norm clip of the task update.
-        ppo: PPO settings.
-        lambda_lr: integral step of the fraction controller.
-        lambda_gain: proportional gain of the fraction controller.
-        lambda_damping: derivative gain of the fraction controller.
-        lambda_init: starting λ.
-        policy: the layout policy this run trains and deploys: ``learned`` (SPLIT), or ``entropy``
-            (APT: the warm start fine-tunes backbone and head on entropy layouts at the target
-            fraction and PPO is skipped) or ``random``, trained in the same pipeline with the same
-            epochs, for a comparison between equally fine-tuned models.
-        entropy_thresholds: APT's per-level entropy thresholds in bits, as APT configures them
-            (``thresholds``), one per level coarser than the finest, coarse to fine: with ``policy:
-            entropy`` a patch splits where its entropy reaches its level's threshold, and the
-            fraction is whatever they give (null: cuts set from the calibration sample to meet
-            ``target_fraction``). APT's own list runs from its 2x-base patches upwards (fine to
-            coarse): reverse it for three or more scales.
-        apt_search: how ``policy: entropy`` sets its cuts without ``entropy_thresholds``: ``metric``
-            (the per-level cuts whose layouts give the lowest task loss at the budget on the
-            calibration sample, with the backbone entering the warm start) or ``quantile`` (the
-            same share of every level's patches split).
-        eval_baselines: baselines evaluated beside the learned layout in validation at the end of
-            fit, in ``validate`` and in ``test`` (at the learned layout's realised fraction).
-        init_checkpoint: weights to start from (a splitlab checkpoint, e.g. a ``dense`` run).
-        sampling_seed: seed of the policy's sampling generator (its state is checkpointed).
+    The parts, each in its own file, use only what this class defines and Lightning's API, never
+    each other (tests/tasks/test_task_parts.py): `StageTraining` (the training step of each stage,
+    on `Optimization`'s two optimizers), `Calibration` (the deployed cuts), `PolicyEvaluation`
+    (learned against baselines, the summary, predictions) and `TaskState` (checkpoints, data checks).
+    The hooks at the end of this class say when each runs.
     """
 
     task_name = "task"
     metric_name = "metric"
     model_class: ClassVar[type[SplitModel]] = SplitModel
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        adopt_renamed(cls)  # a task written for the API's old names (`per_sample_loss`, ...)
 
     def __init__(
         self,
@@ -146,6 +88,54 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         init_checkpoint: str | None = None,
         sampling_seed: int = 0,
     ) -> None:
+        """Settings (docs/budgets.md, comparison.md and detection.md measure them).
+
+        Args:
+            backbone: timm model name (a ViT or an EVA-02).
+            pretrained: load timm's pretrained weights (needs the hub or its cache).
+            checkpoint_path: local backbone weights for offline machines.
+            backbone_kwargs: extra ``timm.create_model`` arguments (``img_size``, ``depth``, ...).
+            levels: patch sizes coarse to fine; default: up to 3 levels that divide the image.
+            target_fraction: the token budget: the mean token fraction training aims at and
+                evaluation, test and predict deploy.
+            budgets: ``[lowest, highest]``: one budget-conditioned policy for every budget in this
+                range (points ``budget_step`` apart, one drawn per batch); None: ``target_fraction`` only.
+            budget_step: spacing of the training budget points.
+            max_fraction: hard cap on any image's token fraction at inference (None: no cap).
+            eval_budgets: further budgets the learned policy is evaluated at, each with the baselines.
+            calibration_images: training images that set the deployed cuts before each validation
+                of a fit (0: the running average of training batches only).
+            decision_dim: width of the decision module.
+            decision_heads: heads of its cross-attention.
+            attn_backend: packed-attention backend (``auto`` picks the fastest available).
+            lr: learning rate of backbone, head and embeddings (dense and warm-start stages).
+            weight_decay: AdamW weight decay (not on biases, norms, tokens and position embeddings).
+            warmup_steps: linear warm-up steps of the task learning rate (then cosine to 0).
+            policy_lr: learning rate of the decision module in PPO (small: λ must keep up).
+            imitation_lr: learning rate of the decision module in the warm start.
+            imitation_weight: weight of the warm-start BCE.
+            teacher_forcing: share of warm-start images laid out by the imitation labels instead of
+                a sample of the policy.
+            warm_start_finetune: fine-tune backbone, head and embeddings in the warm start (the
+                paper); false trains the decision module alone.
+            label_target: the patch embedding the imitation labels read: ``initial`` (a frozen copy
+                as the warm start began) or ``live`` (the one being fine-tuned).
+            grad_clip: gradient-norm clip of the task update.
+            ppo: PPO settings.
+            lambda_lr: integral step of the fraction controller.
+            lambda_gain: proportional gain of the fraction controller.
+            lambda_damping: derivative gain of the fraction controller.
+            lambda_init: starting λ.
+            policy: the layout policy this run trains and deploys: ``learned`` (SPLIT), ``entropy``
+                (APT, fine-tuned on its layouts in the warm start, no PPO) or ``random``.
+            entropy_thresholds: with ``policy: entropy``, APT's own per-level thresholds in bits,
+                coarse to fine (APT lists them fine to coarse); null: cuts that meet ``target_fraction``.
+            apt_search: how those cuts are set: ``metric`` (the lowest task loss at the budget on the
+                calibration sample) or ``quantile`` (the same share of every level split).
+            eval_baselines: baselines evaluated beside the learned layout at its realised fraction.
+            init_checkpoint: weights to start from (a splitlab checkpoint, e.g. a ``dense`` run).
+            sampling_seed: seed of the policy's sampling generator (its state is checkpointed).
+        """
         super().__init__()
         self.save_hyperparameters()
         self.hparams.eval_budgets = list(eval_budgets or [])  # `null` means none, as `[]` does
@@ -166,14 +156,11 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
             )
         self.ppo = ppo or PPOConfig()
         self.stage: Stage = "warm_start"
-        self.stage_plan: dict[str, int] | None = None
+        self.sampling = SamplingStream(sampling_seed)
         self.configure_models()
         self.check_apt()
         self.sync_deployed()
         self.configure_metrics()
-        self._generator: torch.Generator | None = None
-        self._pending_generator_state: Tensor | None = None
-        self._rebuilt_weights_loaded = False  # see TaskState.saved_as_rebuilt
         if init_checkpoint:
             self.load_init_checkpoint(init_checkpoint)
 
@@ -182,20 +169,17 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         """The deployable model (`SplitModel`: backbone, tokenizer, head) and the fraction controller."""
         hp = self.hparams
         self.model = self.model_class(model_settings(hp, self.model_class.head_keys))
-        self.target_fraction = self.model.budget
-        self.label_embedding = LabelEmbedding(
-            self.backbone.model.patch_embed
-        )  # the warm start's fixed target
+        self.label_embedding = LabelEmbedding(self.backbone.model.patch_embed)  # the warm start's target
         points = self.model.tokenizer.operating_points.budgets.tolist()
         self.check_budgets()
         self.budget_sampler = BudgetSampler(len(points))
-        self.controller = FractionController(
+        self.controller = FractionController(  # λ per budget point
             points,
-            lr=hp.lambda_lr,
-            gain=hp.lambda_gain,
-            damping=hp.lambda_damping,
+            hp.lambda_lr,
+            hp.lambda_gain,
+            hp.lambda_damping,
             lambda_init=hp.lambda_init,
-            reduce=self._mean_over_ranks,
+            reduce=self.mean_over_ranks,
         )
 
     # the deployed parts, as the model holds them
@@ -216,8 +200,9 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         return self.model.levels
 
     @property
-    def max_tokens(self) -> int | None:
-        return self.model.max_tokens
+    def target_fraction(self) -> float:
+        """The budget training aims at and inference deploys: the model's (one copy, kept there)."""
+        return self.model.budget
 
     def configure_metrics(self) -> None:
         """Per-policy metric collections for validation and test (one per policy and evaluation budget)."""
@@ -232,7 +217,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         raise NotImplementedError
 
     # ----------------------------------------------------------------------------- task API
-    def split_batch(self, batch: Any) -> tuple[Tensor, Any]:
+    def unpack_batch(self, batch: Any) -> tuple[Tensor, Any]:
         """``(images, targets)`` of a batch."""
         return batch[0], batch[1]
 
@@ -240,7 +225,7 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         """Targets for ``times`` rollouts of the batch, rollout after rollout."""
         return targets.repeat(times, *([1] * (targets.dim() - 1)))
 
-    def per_sample_loss(self, outputs: Any, targets: Any) -> Tensor:
+    def per_image_loss(self, outputs: Any, targets: Any) -> Tensor:
         """The task loss of each image, shape ``(B,)``: its mean trains the task, its values are PPO rewards."""
         raise NotImplementedError
 
@@ -279,7 +264,35 @@ class SplitTask(StageTraining, PolicyEvaluation, TaskState, LightningModule):
         """Tell the model which policy it deploys (and so which one its hard cap binds)."""
         self.model.policy = self.deployed_policy
 
-    def _mean_over_ranks(self, value: Tensor) -> Tensor:
+    # ----------------------------------------------------------------------------- ranks
+    @property
+    def rank(self) -> int:
+        return self.trainer.global_rank if attached_trainer(self) is not None else 0
+
+    def mean_over_ranks(self, value: Tensor) -> Tensor:
+        """``value`` averaged over DDP ranks (itself on one process): what every rank must agree on."""
         if attached_trainer(self) is None or self.trainer.world_size == 1:
             return value
         return self.trainer.strategy.reduce(value, reduce_op="mean")
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The policy's sampling generator: this rank's `SamplingStream`, on the model's device."""
+        return self.sampling.on(self.device, self.rank)
+
+    # ----------------------------------------------------------------------------- what runs when
+    def on_train_start(self) -> None:
+        if self.hparams.policy == "entropy":  # APT trains at its fixed cuts too
+            self.recalibrate()
+
+    def on_train_epoch_start(self) -> None:
+        if self.apt_pending():  # a dense stage ran first in this fit: its backbone is ready now
+            self.recalibrate()
+
+    def on_validation_start(self) -> None:
+        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
+            self.recalibrate()  # the deployed cuts of the policy as trained so far
+        self.note_unreachable_budgets()
+
+    def on_test_start(self) -> None:
+        self.note_unreachable_budgets()

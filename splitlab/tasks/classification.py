@@ -54,7 +54,7 @@ class ClassificationTask(SplitTask):
             }
         )
 
-    def per_sample_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+    def per_image_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
         return F.cross_entropy(
             outputs.float(), targets, reduction="none", label_smoothing=self.hparams.label_smoothing
         )

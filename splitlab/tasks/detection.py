@@ -63,7 +63,7 @@ class DetectionTask(DenseTask):
     def repeat_targets(self, targets: list[dict[str, Tensor]], times: int) -> list[dict[str, Tensor]]:
         return list(targets) * times
 
-    def per_sample_loss(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> Tensor:
+    def per_image_loss(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> Tensor:
         # The heads' samplers are seeded from the policy's generator (resumed runs repeat them), one
         # seed per image id: PPO's rollouts of one image share their draws, so the advantage
         # measures the layout, not the sampling noise.

@@ -1,9 +1,8 @@
-"""Evaluation half of `SplitTask`: the learned layout beside the baselines, the summary, predictions."""
+"""How a `SplitTask` is evaluated: the learned layout beside the baselines, the summary, predictions."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
@@ -23,13 +22,13 @@ def at(budget: float) -> str:
 
 
 class PolicyEvaluation:
-    """Evaluation half of `SplitTask`: the learned layout beside the baselines, summary, predictions."""
+    """Validation, test and predict of a `SplitTask`: the learned layout beside the baselines at its
+    realised fraction (and at each further budget), timed; the summary table; prediction records.
 
-    @property
-    def normalisation(self) -> tuple[Sequence[float], Sequence[float]]:
-        """``(mean, std)`` the images are normalised with: the model's preprocessing (the data
-        module's, set at setup; the backbone's pretrained one before)."""
-        return self.model.preprocessing.mean, self.model.preprocessing.std
+    Uses of its task only what `SplitTask` defines (model parts, ``controller``, the task API,
+    ``deployed_policy``) and Lightning's; the hooks task authors override (`finish_outputs`,
+    `finish_results`, `describe_prediction`) default here.
+    """
 
     def policy_names(self) -> list[str]:
         """Rows of the comparison: the learned policy and each baseline, then the same at every
@@ -45,7 +44,7 @@ class PolicyEvaluation:
         """The evaluation budgets besides ``target_fraction``."""
         return [float(b) for b in self.hparams.eval_budgets if abs(b - self.target_fraction) > 1e-9]
 
-    def _evaluate_baselines(self) -> bool:
+    def evaluates_baselines(self) -> bool:
         trainer = self.trainer
         if trainer.sanity_checking:
             return False
@@ -54,9 +53,9 @@ class PolicyEvaluation:
         return trainer.current_epoch + 1 >= (trainer.max_epochs or 0)
 
     def _eval_step(self, batch: Any, batch_idx: int, split: str) -> dict[str, Any]:
-        images, targets = self.split_batch(batch)
+        images, targets = self.unpack_batch(batch)
         stats = getattr(self, f"{split}_stats")
-        full = self._evaluate_baselines()
+        full = self.evaluates_baselines()
         extra = full and self.deployed_policy == "learned"
         budgets = [self.target_fraction, *(self.extra_budgets if extra else ())]
         first = None
@@ -94,18 +93,6 @@ class PolicyEvaluation:
     def _record(self, stat: Any, outputs: Any, targets: Any, layout: Any, seconds: float) -> None:
         stat.update_layout(layout.fraction, seconds)
         self.update_metrics(stat.metrics, outputs, targets, layout)
-
-    def on_train_start(self) -> None:
-        if self.hparams.policy == "entropy":  # APT trains at its fixed cuts too
-            self.recalibrate()
-
-    def on_validation_start(self) -> None:
-        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
-            self.recalibrate()
-        self.note_unreachable_budgets()
-
-    def on_test_start(self) -> None:
-        self.note_unreachable_budgets()
 
     def note_unreachable_budgets(self) -> None:
         """One line when the hard cap leaves a budget out of reach (the cap keeps whole splits, so
@@ -155,7 +142,7 @@ class PolicyEvaluation:
             if policy != "learned":
                 self.log(f"{split}/{policy}/{self.metric_name}", values.get(self.metric_name, float("nan")))
                 self.log(f"{split}/{policy}/fraction", values["token_fraction_mean"])
-        if not self._evaluate_baselines():  # the summary is written at the end of fit, validate and test
+        if not self.evaluates_baselines():  # the summary is written at the end of fit, validate and test
             return
         if self.deployed_policy != "learned":  # a dense (pretraining) run deploys the uniform grid
             results = {self.deployed_policy: results.pop("learned"), **results}
@@ -188,7 +175,7 @@ class PolicyEvaluation:
         if batch is None:
             return []
         sequence = isinstance(batch, list | tuple)
-        images, targets = self.split_batch(batch) if sequence else (batch, None)
+        images, targets = self.unpack_batch(batch) if sequence else (batch, None)
         if layout is None:
             outputs, layout = self(images, seed=batch_idx)
         sources = batch[2] if sequence and len(batch) > 2 else [{} for _ in range(layout.batch_size)]

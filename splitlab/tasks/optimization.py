@@ -16,8 +16,25 @@ from splitlab.lightning_private import attached_trainer
 
 
 class Optimization:
-    """Optimizer half of the training mixin (manual optimisation, exactly as Lightning's docs describe
-    it: ``self.optimizers()``, ``manual_backward``, schedulers stepped by hand)."""
+    """The task's two optimizers (task and policy) and their learning rates, with manual optimisation
+    exactly as Lightning's docs describe it: ``self.optimizers()``, ``manual_backward``, schedulers
+    stepped by hand.
+
+    Owns the stage plan and the length of PPO; uses of its task only what `SplitTask` defines
+    (its parts, ``hparams``, ``controller``) and Lightning's API.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stage_plan: dict[str, int] | None = None
+        self._ppo_total_steps = 1
+
+    def task_modules(self) -> list[torch.nn.Module]:
+        """What the task optimizer trains and frozen stages freeze: backbone, embeddings, head."""
+        modules: list[torch.nn.Module] = [self.backbone, self.tokenizer.embed]
+        if self.head is not None:
+            modules.append(self.head)
+        return modules
 
     def plan_stages(self, dense: int, warm_start: int, ppo: int) -> None:
         """Epochs of each stage in this fit, so learning-rate schedules span the right number of steps."""
@@ -64,16 +81,23 @@ class Optimization:
         supervised = plan["dense"] + plan["warm_start"]
         return per_epoch * (supervised if which == "supervised" else trainer.max_epochs - supervised)
 
-    def _policy_lr(self) -> float:
-        """PPO's learning rate, annealed (cosine to 5%) over the PPO batches.
+    def set_policy_lr(self, stage: str) -> None:
+        """The decision module's learning rate for ``stage``: ``imitation_lr`` outside PPO; in PPO
+        ``policy_lr`` annealed (cosine to 5%) over the PPO batches.
 
         Late in PPO the policy should settle where λ holds it: a fast-moving policy at the end
         leaves the deployed fraction wherever the last oscillation put it. The PPO step count is
         the controller's (checkpointed) step counter, so the schedule survives resume.
         """
-        total = getattr(self, "_ppo_total_steps", 1)
-        progress = min(self.controller.total_steps / total, 1.0)
-        return self.hparams.policy_lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+        if attached_trainer(self) is None or not self.trainer.optimizers:
+            return
+        if stage == "ppo":
+            progress = min(self.controller.total_steps / self._ppo_total_steps, 1.0)
+            lr = self.hparams.policy_lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+        else:
+            lr = self.hparams.imitation_lr
+        for group in self.trainer.optimizers[1].param_groups:
+            group["lr"] = lr
 
     def backward_synced(self, loss: Tensor, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """``manual_backward``, then one coalesced all-reduce (mean) of the optimizers' gradients under

@@ -84,7 +84,7 @@ class SegmentationTask(DenseTask):
                 + ("" if trainer.world_size < 2 else f" (this run: {trainer.world_size} GPUs, not synced)")
             )
 
-    def per_sample_loss(self, outputs: dict[str, Tensor], targets: Tensor) -> Tensor:
+    def per_image_loss(self, outputs: dict[str, Tensor], targets: Tensor) -> Tensor:
         return self.head.per_image_loss(outputs, targets, self.hparams.ignore_index, self.hparams.aux_weight)
 
     def build_metrics(self) -> MetricCollection:

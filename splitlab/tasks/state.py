@@ -13,31 +13,48 @@ from splitlab.lightning_private import attached_trainer
 from splitlab.model.load import legacy_key, read_checkpoint, upgrade_state_dict
 from splitlab.model.preprocess import Preprocessing
 
-__all__ = ["TaskState", "load_task", "read_checkpoint"]
+__all__ = ["SamplingStream", "TaskState", "load_task", "read_checkpoint"]
+
+
+class SamplingStream:
+    """The policy's sampling generator: seeded, on the model's device, its state in checkpoints.
+
+    Each DDP rank has its own stream (the seed is offset by the rank), so the ranks' rollouts
+    explore differently; all ranks' states go into the checkpoint, and each takes its own back.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self._generator: torch.Generator | None = None
+        self._pending: torch.Tensor | None = None
+
+    def on(self, device: torch.device, rank: int) -> torch.Generator:
+        """The stream of ``rank`` on ``device`` (a fresh one, seeded, after a move between devices)."""
+        if self._generator is None or self._generator.device != device:
+            self._generator = torch.Generator(device).manual_seed(self.seed + 1_000_003 * rank)
+            if self._pending is not None:
+                self._generator.set_state(self._pending)
+                self._pending = None
+        return self._generator
+
+    def resume(self, state: torch.Tensor | None) -> None:
+        """Continue from a checkpointed state at the next use (None: start afresh from the seed)."""
+        self._generator = None
+        self._pending = state
 
 
 class TaskState:
-    """State half of `SplitTask`: the checkpoint entry (stage, generator, task class), starting
-    weights, and the checks that a checkpoint and a data module fit the model before work starts."""
+    """What a `SplitTask` keeps and checks across runs: the checkpoint entry (stage, sampling
+    streams, task class), starting weights, and the checks that a checkpoint and a data module fit
+    the model before work starts.
 
-    @property
-    def rank(self) -> int:
-        return self.trainer.global_rank if attached_trainer(self) is not None else 0
+    Owns whether rebuilt weights were loaded; uses of its task only what `SplitTask` defines
+    (``model`` and its parts, ``stage``, ``sampling``, ``generator``, ``rank``) and Lightning's.
+    """
 
-    @property
-    def generator(self) -> torch.Generator:
-        """The policy's sampling generator (seeded, checkpointed, on the model's device).
-
-        Each DDP rank has its own stream (the seed is offset by the rank), so the ranks' rollouts
-        explore differently; all ranks' states go into the checkpoint, and each takes its own back.
-        """
-        if self._generator is None or self._generator.device != self.device:
-            seed = int(self.hparams.sampling_seed) + 1_000_003 * self.rank
-            self._generator = torch.Generator(self.device).manual_seed(seed)
-            if self._pending_generator_state is not None:
-                self._generator.set_state(self._pending_generator_state)
-                self._pending_generator_state = None
-        return self._generator
+    def __init__(self) -> None:
+        super().__init__()
+        self._rebuilt_weights_loaded = False  # see saved_as_rebuilt
 
     def _generator_states(self) -> list[torch.Tensor]:
         """Every rank's generator state (gathered: only rank 0 writes the checkpoint)."""
@@ -219,8 +236,7 @@ class TaskState:
                 f"data; resume on {len(states)} rank(s) to continue exactly"
             )
         if states:
-            self._generator = None
-            self._pending_generator_state = states[self.rank].clone() if self.rank < len(states) else None
+            self.sampling.resume(states[self.rank].clone() if self.rank < len(states) else None)
 
 
 def load_task(path: str | Path, map_location: Any = "cpu", setting: str = "checkpoint") -> Any:

@@ -1,28 +1,33 @@
-"""Stage-aware training of a `SplitTask`: the stages, the dense / warm-start step and PPO's step."""
+"""Stage-aware training of a `SplitTask`: the stages, the dense / warm-start step, PPO's step, and
+the budget each batch trains at."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from splitlab.lightning_private import attached_trainer
 from splitlab.rl import advantages, ppo_policy_loss
-from splitlab.tasks.budgets import BudgetTraining
 from splitlab.tasks.optimization import Optimization
-from splitlab.tokenizer import fraction_of, policy, warm_start_labels
+from splitlab.tokenizer import calibrate_threshold, fraction_of, policy, warm_start_labels
 
 Stage = Literal["dense", "warm_start", "ppo"]
 LABEL_TARGETS = ("initial", "live")
 STAGES = ("dense", "warm_start", "ppo")
 
 
-class StageTraining(Optimization, BudgetTraining):
-    """Training half of `SplitTask`: which stage runs, and one training step of each (the optimizers
-    and the gradient sync are `Optimization`'s, the budgets `BudgetTraining`'s)."""
+class StageTraining(Optimization):
+    """Which stage runs, and one training step of each: dense, warm start (imitation), PPO.
+
+    Builds on `Optimization` (its optimizers, learning rates and gradient sync); uses of its task
+    only what `SplitTask` defines (model parts, ``stage``, ``controller``, ``budget_sampler``, the
+    task API) and Lightning's.
+    """
 
     def set_stage(self, stage: Stage) -> None:
         """Enter a stage: PPO freezes backbone, head and embeddings (and puts them in eval mode)."""
@@ -31,12 +36,9 @@ class StageTraining(Optimization, BudgetTraining):
         self.stage = stage
         self.sync_deployed()
         trainable = not self.task_frozen
-        if attached_trainer(self) is not None and self.trainer.optimizers:
-            policy_opt = self.trainer.optimizers[1]
-            for group in policy_opt.param_groups:
-                group["lr"] = self.hparams.policy_lr if stage == "ppo" else self.hparams.imitation_lr
-            if not trainable:  # the frozen parts' last gradients would stay allocated all stage
-                self.trainer.optimizers[0].zero_grad(set_to_none=True)
+        self.set_policy_lr(stage)
+        if not trainable and attached_trainer(self) is not None and self.trainer.optimizers:
+            self.trainer.optimizers[0].zero_grad(set_to_none=True)  # else they stay allocated all stage
         for module in self.task_modules():
             module.requires_grad_(trainable)
             module.train(trainable and self.training)
@@ -47,13 +49,6 @@ class StageTraining(Optimization, BudgetTraining):
         start of a run that does not fine-tune in it (``warm_start_finetune: false``)."""
         return self.stage == "ppo" or (self.stage == "warm_start" and not self.hparams.warm_start_finetune)
 
-    def task_modules(self) -> list[nn.Module]:
-        """What the task optimizer trains and PPO freezes."""
-        modules: list[nn.Module] = [self.backbone, self.tokenizer.embed]
-        if self.head is not None:
-            modules.append(self.head)
-        return modules
-
     def train(self, mode: bool = True) -> StageTraining:
         super().train(mode)
         if mode and self.task_frozen:  # frozen parts stay deterministic: no dropout in rewards
@@ -62,7 +57,7 @@ class StageTraining(Optimization, BudgetTraining):
         return self
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
-        images, targets = self.split_batch(batch)
+        images, targets = self.unpack_batch(batch)
         if self.task_frozen and self.hparams.policy != "learned":
             return None  # a fixed policy (entropy, random) has nothing to learn with the task frozen
         if self.stage == "ppo":
@@ -108,7 +103,7 @@ class StageTraining(Optimization, BudgetTraining):
         frozen = self.task_frozen  # a warm start that trains the decision module alone
         with torch.no_grad() if frozen else contextlib.nullcontext():  # the task loss is then a statistic
             outputs = self.forward_layout(layout)
-            task_loss = self.per_sample_loss(outputs, targets).mean()
+            task_loss = self.per_image_loss(outputs, targets).mean()
         if frozen:
             loss = self.hparams.imitation_weight * imitation
         else:
@@ -122,9 +117,32 @@ class StageTraining(Optimization, BudgetTraining):
             task_sched.step()
         if imitation is not None:
             policy_opt.step()
-            self.budget_sampler.update(point, task_loss.detach(), self._mean_over_ranks)
+            self.budget_sampler.update(point, task_loss.detach(), self.mean_over_ranks)
         stats.update(loss=loss.detach(), task_loss=task_loss.detach(), fraction=layout.fraction.mean())
         return stats
+
+    def step_budget(self) -> tuple[int, float]:
+        """This step's training budget: the one target, or (budget-conditioned) a point drawn per batch,
+        more often where it costs more task loss than the cheapest point (`BudgetSampler`).
+
+        The draw is a function of ``(sampling_seed, global_step)`` and of reduced loss averages:
+        the same on every rank (λ and the operating points are kept per point and must agree)
+        and the same after a resume.
+        """
+        points = self.controller.budgets
+        if len(points) == 1:
+            return 0, points[0]
+        point = self.budget_sampler.draw(int(self.hparams.sampling_seed) * 1_000_003 + int(self.global_step))
+        return point, points[point]
+
+    def calibrate(self, logits: Sequence[Tensor], point: int, budget: float) -> Tensor:
+        """Move the operating point of ``budget`` towards this batch's exact cut; the deployed fractions."""
+        logits = [lg.detach() for lg in logits]
+        self.tokenizer.operating_points.update(
+            point, calibrate_threshold(logits, budget), self.mean_over_ranks
+        )
+        cut = self.tokenizer.operating_points.cuts[point]
+        return fraction_of([lg > cut for lg in logits])
 
     def label_content(self, images: Tensor) -> list[Tensor]:
         """The patch-content embeddings the imitation labels read (``label_target``): a frozen copy of
@@ -156,16 +174,15 @@ class StageTraining(Optimization, BudgetTraining):
         ]
         return self.tokenizer.tokenize(tokens, "labels", labels=mixed, logits=logits)
 
-    def _kl_stop(self, epoch: int, approx_kl: Tensor) -> bool:
+    def kl_stop(self, epoch: int, approx_kl: Tensor) -> bool:
         """Whether PPO's ``target_kl`` ends the batch's policy epochs (the same decision on every rank)."""
         target = self.ppo.target_kl
-        return target is not None and epoch > 0 and float(self._mean_over_ranks(approx_kl)) > 1.5 * target
+        return target is not None and epoch > 0 and float(self.mean_over_ranks(approx_kl)) > 1.5 * target
 
     def ppo_step(self, images: Tensor, targets: Any) -> dict[str, Tensor]:
         """Roll out sampled layouts, score them with the frozen model, update the policy K times."""
         _, policy_opt = self.optimizers()
-        for group in policy_opt.param_groups:
-            group["lr"] = self._policy_lr()
+        self.set_policy_lr("ppo")
         cfg = self.ppo
         samples = cfg.samples
         point, budget = self.step_budget()
@@ -179,10 +196,10 @@ class StageTraining(Optimization, BudgetTraining):
                 generator=self.generator,
             )
             outputs = self.forward_layout(rollouts)
-            task_loss = self.per_sample_loss(outputs, self.repeat_targets(targets, samples)).float()
+            task_loss = self.per_image_loss(outputs, self.repeat_targets(targets, samples)).float()
             lam = float(self.controller.values[point])
             reward = -task_loss - lam * rollouts.fraction
-            advantage = advantages(reward.view(samples, -1), reduce_mean=self._mean_over_ranks).reshape(-1)
+            advantage = advantages(reward.view(samples, -1), reduce_mean=self.mean_over_ranks).reshape(-1)
             old_log_prob = [
                 policy.log_prob(lg, d) for lg, d in zip(rollouts.logits, rollouts.decisions, strict=True)
             ]
@@ -199,7 +216,7 @@ class StageTraining(Optimization, BudgetTraining):
                 cfg.entropy_coef,
                 cfg.normalize,
             )
-            if self._kl_stop(epoch, ppo_stats["approx_kl"]):
+            if self.kl_stop(epoch, ppo_stats["approx_kl"]):
                 break
             policy_opt.zero_grad()
             self.backward_synced(loss, [policy_opt])
@@ -207,7 +224,7 @@ class StageTraining(Optimization, BudgetTraining):
             policy_opt.step()
             epochs_run += 1
         self.controller.update(rollouts.fraction.mean(), point)
-        self.budget_sampler.update(point, task_loss.mean(), self._mean_over_ranks)
+        self.budget_sampler.update(point, task_loss.mean(), self.mean_over_ranks)
         with torch.no_grad():
             logits = self.tokenizer.decision_logits(tokens, budget)
             at_half = fraction_of([lg > 0 for lg in logits])

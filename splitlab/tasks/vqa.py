@@ -93,7 +93,7 @@ class VQATask(SplitTask):
     def repeat_targets(self, targets: list[dict[str, Any]], times: int) -> list[dict[str, Any]]:
         return list(targets) * times
 
-    def per_sample_loss(self, outputs: list[Tensor], targets: list[dict[str, Any]]) -> Tensor:
+    def per_image_loss(self, outputs: list[Tensor], targets: list[dict[str, Any]]) -> Tensor:
         questions = [t["questions"] for t in targets]
         answers = [t["multiple_choice_answers"] for t in targets]
         return self.head.bridge.per_image_loss(outputs, questions, answers)
@@ -127,7 +127,7 @@ class VQATask(SplitTask):
         (``vqa_results.json``: ``[{question_id, answer}]``) is written at the end of predict."""
         if batch is None:
             return []
-        images, targets = self.split_batch(batch)
+        images, targets = self.unpack_batch(batch)
         outputs, layout = self(images, seed=batch_idx)
         answers = self.finish_outputs(outputs, targets)
         records = super().predict_step(batch, batch_idx, outputs=outputs, layout=layout)

@@ -344,7 +344,7 @@ def baseline_scores(
     name: str,
     images: Tensor,
     levels: Levels,
-    fraction: float | None = None,
+    budget: float | None = None,
     entropy_threshold: float | None = None,
     generator: torch.Generator | None = None,
     mean: Sequence[float] | None = None,
@@ -357,7 +357,7 @@ def baseline_scores(
             ``entropy_single`` (one threshold for every level).
         images: the batch (its size fixes the grids; entropy reads its pixels).
         levels: the quadtree.
-        fraction: target token fraction (``random``: met in expectation; ``entropy``: met on this
+        budget: the target token fraction (``random``: met in expectation; ``entropy``: met on this
             batch when ``entropy_threshold`` is not given).
         entropy_threshold: a fixed threshold (``entropy_single``: in bits; ``entropy``: on the level
             quantiles), e.g. from `calibrate_threshold` over a sample.
@@ -371,17 +371,17 @@ def baseline_scores(
     if name == "coarse":
         return [torch.zeros(s, device=device) for s in shapes], 0.0
     if name == "random":
-        if fraction is None:
-            raise ValueError("the random baseline needs a target fraction")
-        rate = random_split_rate(fraction, levels)
+        if budget is None:
+            raise ValueError("the random baseline needs a budget")
+        rate = random_split_rate(budget, levels)
         return random_scores(levels, batch, img_size, device, generator), 1.0 - rate
     if name in ("entropy", "entropy_single"):
         scores = entropy_scores(images, levels, mean=mean, std=std)
         if name == "entropy":
             scores = level_quantiles(scores)
         if entropy_threshold is None:
-            if fraction is None:
-                raise ValueError("the entropy baseline needs a target fraction or an entropy_threshold")
-            entropy_threshold = calibrate_threshold(scores, levels.check_fraction(fraction))
+            if budget is None:
+                raise ValueError("the entropy baseline needs a budget or an entropy_threshold")
+            entropy_threshold = calibrate_threshold(scores, levels.check_fraction(budget))
         return scores, entropy_threshold
     raise ValueError(f"unknown baseline {name!r}; expected one of {BASELINES}")

@@ -26,7 +26,7 @@ def test_eva02_packed_batch_equals_each_image_alone(name, kwargs) -> None:
     x = torch.randn(3, 3, *backbone.img_size)
     with torch.no_grad():
         mixed = layout_of(
-            "random", tokenizer, backbone, x, fraction=0.5, generator=torch.Generator().manual_seed(0)
+            "random", tokenizer, backbone, x, budget=0.5, generator=torch.Generator().manual_seed(0)
         )
         batch = backbone(mixed).per_image()
         assert len(set(mixed.seqlens)) > 1

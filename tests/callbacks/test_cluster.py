@@ -27,6 +27,7 @@ def slurm_fit(shapes_root, workdir: Path, probe: Path, extra_callbacks: list[dic
     launch(["fit", *args], slurm, slurm_ranks=2)
 
 
+@pytest.mark.distributed
 def test_sigusr1_checkpoints_requeues_and_resumes_exactly(shapes_root, tmp_path) -> None:
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()

@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 from splitlab.callbacks import SkippedSamples
 from splitlab.data import SkipCorrupt
-from splitlab.data.common import SplitDataModule
+from splitlab.data.common import BaseDataModule
 
 
 class OneUnreadable(Dataset):
@@ -26,7 +26,7 @@ class OneUnreadable(Dataset):
 def rank_with_a_bad_read(ranks: int) -> tuple[SimpleNamespace, SimpleNamespace]:
     """A trainer of ``ranks`` ranks, seen from one whose validation set skipped one read; every
     other rank skipped one too (the reduce sums them)."""
-    data = SplitDataModule()
+    data = BaseDataModule()
     data.datasets = {"val": SkipCorrupt(OneUnreadable(), str), "train": SkipCorrupt(OneUnreadable(), str)}
     with pytest.warns(UserWarning, match="skipping 1: truncated"):
         data.datasets["val"][1]

@@ -83,7 +83,7 @@ def test_a_packed_batch_equals_each_image_alone_on_gpu() -> None:
     x = torch.randn(4, 3, 224, 224, device=CUDA)
     with torch.no_grad():
         mixed = layout_of(
-            "random", tokenizer, backbone, x, fraction=0.6, generator=torch.Generator(CUDA).manual_seed(0)
+            "random", tokenizer, backbone, x, budget=0.6, generator=torch.Generator(CUDA).manual_seed(0)
         )
         batch = backbone(mixed).per_image()
         for i in range(4):
@@ -109,7 +109,7 @@ def test_compiled_blocks_do_not_recompile_per_packed_length() -> None:
                 tokenizer,
                 backbone,
                 x,
-                fraction=fraction,
+                budget=fraction,
                 generator=torch.Generator(CUDA).manual_seed(1),
             )
             backbone(layout)
@@ -146,7 +146,7 @@ def test_split_needs_no_more_memory_than_the_uniform_grid(fraction) -> None:
     def split():
         gen = torch.Generator(CUDA).manual_seed(0)
         with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
-            return backbone(layout_of("random", tokenizer, backbone, x, fraction=fraction, generator=gen))
+            return backbone(layout_of("random", tokenizer, backbone, x, budget=fraction, generator=gen))
 
     uniform()  # one-time allocations
     tokens = split().layout.tokens

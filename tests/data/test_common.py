@@ -16,7 +16,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from splitlab.data import ResumableSampler, SeededIndex, SkipCorrupt
-from splitlab.data.common import SplitDataModule
+from splitlab.data.common import BaseDataModule
 
 
 class RandomDraws(Dataset):
@@ -77,7 +77,7 @@ def test_seeded_samples_leave_the_cuda_generators_alone(monkeypatch) -> None:
     assert reseeded == []
 
 
-class TinyData(SplitDataModule):
+class TinyData(BaseDataModule):
     def __init__(self, size: int, batch_size: int) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -156,3 +156,12 @@ def test_padding_moves_boxes_with_their_image() -> None:
         padded, moved = PadTo(64, centre=centre)(image, boxes)
         assert padded.shape == (3, 64, 64) and moved.canvas_size == (64, 64)
         assert moved.tolist() == [[0, shift, 10, 10 + shift], [50, 30 + shift, 64, 40 + shift]]
+
+
+def test_the_old_base_name_still_imports_with_a_deprecation_warning() -> None:
+    import splitlab.data.common as common
+
+    with pytest.warns(DeprecationWarning, match="BaseDataModule"):
+        assert common.SplitDataModule is BaseDataModule
+    with pytest.raises(AttributeError, match="NoSuchModule"):
+        common.NoSuchModule  # noqa: B018

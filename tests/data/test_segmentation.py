@@ -33,7 +33,7 @@ def test_annotation_labels_above_num_classes(tmp_path) -> None:
         ADE20KData(**settings).setup("fit")  # the first masks are read up front, before any training
     masks[0].write_bytes(first)
     corrupt(masks[18])  # beyond the masks read up front: found when the sample is read
-    train = ADE20KData(**settings, strict=True)._split("training", training=True)
+    train = ADE20KData(**settings, strict=True)._subset("training", training=True)
     with pytest.raises(
         ValueError, match=r"label value 9 is above num_classes=5 .*\(data.init_args.strict=true\)"
     ):

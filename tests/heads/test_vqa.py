@@ -81,7 +81,7 @@ def test_raster_order_places_coarse_tokens_at_their_corner_or_centre(tiny_vit) -
     x = torch.randn(3, 3, 64, 64)
     with torch.no_grad():
         layout = layout_of(
-            "random", tokenizer, tiny_vit, x, fraction=0.5, generator=torch.Generator().manual_seed(0)
+            "random", tokenizer, tiny_vit, x, budget=0.5, generator=torch.Generator().manual_seed(0)
         )
     for anchor in ("corner", "centre"):
         order = token_order(layout, "raster", anchor)

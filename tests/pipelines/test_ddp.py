@@ -9,6 +9,8 @@ import torch
 
 from tests.helpers import launch, slurm_job, tiny_args, two_rank_args
 
+pytestmark = pytest.mark.distributed
+
 
 def two_rank_run(root, out, *extra: str):
     """Fit the tiny twin on 2 CPU ranks: 2 warm-start epochs and 1 PPO epoch, a checkpoint per epoch;

@@ -20,7 +20,7 @@ def test_detection_per_image_loss_and_metrics(tmp_path, detector) -> None:
     for stage in ("warm_start", "ppo"):  # RPN proposals, then the layout-independent reference proposals
         task.stage = stage
         outputs, layout = task(images)
-        loss = task.per_sample_loss(outputs, targets)
+        loss = task.per_image_loss(outputs, targets)
         assert loss.shape == (3,) and torch.isfinite(loss).all()
     loss.mean().backward()
     assert task.head.pyramid.outputs[0][0].weight.grad is not None

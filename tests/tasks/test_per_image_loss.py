@@ -87,10 +87,12 @@ def test_each_image_loss_depends_on_that_image_alone(build, tmp_path) -> None:
     images = torch.randn(4, 3, 64, 64)
 
     def losses(x, y):
-        task._generator = None  # the same random state for every call (detection seeds its samplers from it)
+        task.sampling.resume(
+            None
+        )  # the same random state for every call (detection seeds its samplers from it)
         with torch.no_grad():
             outputs, _ = task(x)
-            return task.per_sample_loss(outputs, y)
+            return task.per_image_loss(outputs, y)
 
     base = losses(images, targets)
     assert base.shape == (4,) and torch.isfinite(base).all()
@@ -112,5 +114,5 @@ def test_rollouts_of_one_image_share_the_detection_samplers_draws() -> None:
     images = torch.randn(4, 3, 64, 64)
     with torch.no_grad():
         outputs, _ = task(torch.cat([images, images]))  # two identical rollouts of the batch
-        twice = task.per_sample_loss(outputs, targets * 2)
+        twice = task.per_image_loss(outputs, targets * 2)
     assert torch.equal(twice[:4], twice[4:])  # same layout, same draws: the same reward

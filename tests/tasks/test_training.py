@@ -20,7 +20,7 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
     assert summary["target_fraction"] == 0.5
     # the deployed budget's λ, from the controller's saved state: I + k_p e + k_d Δe at the point 0.5
     saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-    hp, point = cli.model.hparams, cli.model.controller.targets.index(0.5)
+    hp, point = cli.model.hparams, cli.model.controller.budgets.index(0.5)
     by_hand = max(
         0.0,
         float(saved["controller.integral"][point])

@@ -35,7 +35,7 @@ def test_lora_trains_adapters_of_the_frozen_lm(tmp_path) -> None:
     images = torch.randn(2, 3, 64, 64)
     targets = [{"questions": ["what color is it ?"], "multiple_choice_answers": ["red"]}] * 2
     outputs, _ = task(images, policy="uniform")
-    task.per_sample_loss(outputs, targets).mean().backward()
+    task.per_image_loss(outputs, targets).mean().backward()
     grads = {n: p.grad for n, p in lm.named_parameters()}
     assert any(
         g is not None and g.abs().sum() > 0 for n, g in grads.items() if "lora_A" in n or "lora_B" in n

@@ -71,7 +71,7 @@ def test_random_rate_meets_the_target_in_expectation(levels, target) -> None:
         "random",
         torch.zeros(400, 3, 128, 128),
         lv,
-        fraction=target,
+        budget=target,
         generator=torch.Generator().manual_seed(0),
     )
     assert fraction_of([s > threshold for s in scores]).mean().item() == pytest.approx(target, abs=0.02)
@@ -90,7 +90,7 @@ def test_entropy_threshold_calibration_meets_the_target() -> None:
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(16, 3, 128, 128, generator=gen) * torch.rand(16, 1, 1, 1, generator=gen)
     x[:, :, :64] = 0.5 * x[:, :, :64].round()
-    scores, t = baseline_scores("entropy", x, lv, fraction=0.5)
+    scores, t = baseline_scores("entropy", x, lv, budget=0.5)
     achieved = fraction_of([s > t for s in scores]).mean().item()
     assert achieved == pytest.approx(0.5, abs=0.03)
     # a threshold calibrated on the batch is the one the helper returns for the same scores
@@ -109,10 +109,10 @@ def test_apt_thresholds_are_per_level_not_one_for_all() -> None:
     pictures = [render(CLASSES[i % 4], rng, 128)[0] for i in range(16)]  # the generated shapes data
     x = torch.from_numpy(np.stack(pictures)).permute(0, 3, 1, 2).float() / 255
     lv = Levels((64, 32, 16))
-    raw = [s.flatten() for s in baseline_scores("entropy_single", x, lv, fraction=0.5)[0]]
+    raw = [s.flatten() for s in baseline_scores("entropy_single", x, lv, budget=0.5)[0]]
     assert raw[0].mean() > raw[1].mean() + 0.2  # 64 px patches: more entropy than 32 px ones
-    single, t_single = baseline_scores("entropy_single", x, lv, fraction=0.5)
-    apt, t_apt = baseline_scores("entropy", x, lv, fraction=0.5)
+    single, t_single = baseline_scores("entropy_single", x, lv, budget=0.5)
+    apt, t_apt = baseline_scores("entropy", x, lv, budget=0.5)
     share = [(s > t_apt).float().mean().item() for s in apt]
     assert share[0] == pytest.approx(share[1], abs=0.03)  # the same quantile per level
     # one threshold for all levels spends the budget on coarse splits first
@@ -125,10 +125,10 @@ def test_unknown_baseline_and_missing_fraction() -> None:
     lv = Levels((32, 16))
     with pytest.raises(ValueError, match="unknown baseline 'apt'"):
         baseline_scores("apt", torch.zeros(1, 3, 32, 32), lv)
-    with pytest.raises(ValueError, match="target fraction"):
+    with pytest.raises(ValueError, match="needs a budget"):
         baseline_scores("random", torch.zeros(1, 3, 32, 32), lv)
     with pytest.raises(ValueError, match="target_fraction=0.1 is outside"):
-        baseline_scores("random", torch.zeros(1, 3, 32, 32), lv, fraction=0.1)
+        baseline_scores("random", torch.zeros(1, 3, 32, 32), lv, budget=0.1)
     assert math.isfinite(random_split_rate(1.0, lv))
 
 

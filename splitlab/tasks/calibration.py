@@ -1,5 +1,6 @@
-"""How a `SplitTask` trains for its budgets: which budget a batch trains at, and where the deployed
-policy cuts to meet each one (see docs/budgets.md)."""
+"""Where the deployed policy cuts to meet each budget: the learned policy's operating points set
+from a fixed calibration sample, and the fixed entropy cuts of APT trained in the pipeline
+(docs/budgets.md). A hard cap is `SplitModel`'s, applied as it lays out images."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from torch.utils.data import DataLoader, Subset
 
 from splitlab.data import SeededIndex
 from splitlab.lightning_private import attached_trainer
-from splitlab.tokenizer import calibrate_threshold, entropy_scores, fraction_of, level_thresholds
+from splitlab.tokenizer import calibrate_threshold, entropy_scores, level_thresholds
 from splitlab.tokenizer.baselines import (
     APT_SEARCHES,
     check_entropy_thresholds,
@@ -24,8 +25,13 @@ from splitlab.tokenizer.baselines import (
 )
 
 
-class BudgetTraining:
-    """Budget half of the training mixin: the batch's budget point and the operating points' calibration."""
+class Calibration:
+    """Sets the deployed cuts of a `SplitTask` (`recalibrate`) and checks, at construction, the budgets
+    and APT settings they must serve.
+
+    Uses of its task only what `SplitTask` defines (model parts, ``stage``, ``deployed_policy``,
+    the task API, ``mean_over_ranks``) and Lightning's; `SplitTask` says when it runs.
+    """
 
     def check_budgets(self) -> None:
         """Refuse evaluation budgets the policy cannot serve, at construction: before any weights load
@@ -46,29 +52,6 @@ class BudgetTraining:
                     f"eval_budgets={budget:g} is above max_fraction={hp.max_fraction:g}: the cap holds every image "
                     "below that budget, so it cannot be met; evaluate budgets up to max_fraction"
                 )
-
-    def step_budget(self) -> tuple[int, float]:
-        """This step's training budget: the one target, or (budget-conditioned) a point drawn per batch,
-        more often where it costs more task loss than the cheapest point (`BudgetSampler`).
-
-        The draw is a function of ``(sampling_seed, global_step)`` and of reduced loss averages:
-        the same on every rank (λ and the operating points are kept per point and must agree)
-        and the same after a resume.
-        """
-        points = self.controller.targets
-        if len(points) == 1:
-            return 0, points[0]
-        point = self.budget_sampler.draw(int(self.hparams.sampling_seed) * 1_000_003 + int(self.global_step))
-        return point, points[point]
-
-    def calibrate(self, logits: Sequence[Tensor], point: int, budget: float) -> Tensor:
-        """Move the operating point of ``budget`` towards this batch's exact cut; the deployed fractions."""
-        logits = [lg.detach() for lg in logits]
-        self.tokenizer.operating_points.update(
-            point, calibrate_threshold(logits, budget), self._mean_over_ranks
-        )
-        cut = self.tokenizer.operating_points.cuts[point]
-        return fraction_of([lg > cut for lg in logits])
 
     @torch.no_grad()
     def recalibrate(self) -> None:
@@ -106,11 +89,11 @@ class BudgetTraining:
         points = self.tokenizer.operating_points
         logits: list[list[list[Tensor]]] = [[] for _ in range(len(points.budgets))]
         entropies: list[list[Tensor]] = []
-        mean, std = self.normalisation
+        mean, std = self.model.preprocessing.mean, self.model.preprocessing.std
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), self.trainer.precision_plugin.forward_context():
             for batch in sample:
-                images, _ = self.split_batch(self.transfer_batch_to_device(batch, self.device, 0))
+                images, _ = self.unpack_batch(self.transfer_batch_to_device(batch, self.device, 0))
                 if apt:
                     entropies.append(entropy_scores(images, self.levels, mean=mean, std=std))
                 if not learned:
@@ -124,8 +107,8 @@ class BudgetTraining:
             return
         for point, budget in enumerate(points.budgets.tolist()):
             per_level = [torch.cat(level) for level in zip(*logits[point], strict=True)]
-            points.set(point, calibrate_threshold(per_level, budget), self._mean_over_ranks)
-            points.record_spread(point, per_level, self._mean_over_ranks)  # any cap meets it too
+            points.set(point, calibrate_threshold(per_level, budget), self.mean_over_ranks)
+            points.record_spread(point, per_level, self.mean_over_ranks)  # any cap meets it too
 
     # ----------------------------------------------------------------------------- APT trained in the pipeline
     def check_apt(self) -> None:
@@ -156,10 +139,6 @@ class BudgetTraining:
         searched = hp.entropy_thresholds is None and hp.apt_search == "metric"
         return not (searched and self.stage == "dense")
 
-    def on_train_epoch_start(self) -> None:
-        if self.apt_pending():  # a dense stage ran first in this fit: its backbone is ready now
-            self.recalibrate()
-
     def set_apt_cuts(self, sample: DataLoader, entropies: list[list[Tensor]]) -> None:
         """Set APT's fixed per-level cuts from the calibration sample (``entropies``: each batch's
         per-level entropies) and say what they are and the fraction they give the sample.
@@ -184,7 +163,7 @@ class BudgetTraining:
                     lambda candidates: self.apt_losses(sample, entropies, candidates),
                 )
                 how = f"{describe_search(records)}, {time.perf_counter() - started:.1f} s"
-            self.model.apt_cuts.copy_(self._mean_over_ranks(cuts))
+            self.model.apt_cuts.copy_(self.mean_over_ranks(cuts))
             self.model.apt_fraction.fill_(self.target_fraction)
         fraction = float(layout_fraction(per_level, self.model.apt_cuts).mean())
         rank_zero_info(
@@ -209,18 +188,18 @@ class BudgetTraining:
         self.eval()
         try:
             for batch, levels in zip(sample, entropies, strict=True):
-                images, targets = self.split_batch(self.transfer_batch_to_device(batch, self.device, 0))
+                images, targets = self.unpack_batch(self.transfer_batch_to_device(batch, self.device, 0))
                 tokens, _ = self.tokenizer.embed(images, self.backbone)
                 for i, cuts in enumerate(candidates):
                     scores = [e - c for e, c in zip(levels, cuts.to(self.device), strict=True)]
                     layout = self.tokenizer.tokenize(tokens, "scores", scores=scores, threshold=0.0)
                     self.generator.set_state(state)
-                    totals[i] += self.per_sample_loss(self.forward_layout(layout), targets).double().sum()
+                    totals[i] += self.per_image_loss(self.forward_layout(layout), targets).double().sum()
                 seen += images.shape[0]
         finally:
             self.generator.set_state(state)
             self.train(training)
-        return self._mean_over_ranks((totals / max(seen, 1)).float())
+        return self.mean_over_ranks((totals / max(seen, 1)).float())
 
 
 def describe_search(records: Sequence[dict[str, Any]]) -> str:

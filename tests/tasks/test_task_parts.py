@@ -1,0 +1,109 @@
+"""The parts of `SplitTask` own their state: each uses its own members, its declared bases', what
+`SplitTask` itself defines (tasks/base.py) and Lightning's API, never another part's; no private
+name crosses a file. Read from the source, so a new cross-call fails here, naming it."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import warnings
+from pathlib import Path
+
+import pytest
+from lightning import LightningModule
+
+import splitlab.tasks.base as base
+from splitlab.tasks import SplitTask
+from splitlab.tasks.calibration import Calibration
+from splitlab.tasks.evaluation import PolicyEvaluation
+from splitlab.tasks.optimization import Optimization
+from splitlab.tasks.state import TaskState
+from splitlab.tasks.training import StageTraining
+
+PARTS = (StageTraining, Optimization, Calibration, PolicyEvaluation, TaskState)
+
+
+def members(cls: type) -> set[str]:
+    """Names a class defines: its methods, class attributes and the ``self.x`` it assigns."""
+    tree = ast.parse(inspect.getsource(cls))
+    names = set(vars(cls))
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        for target in targets:
+            if (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+            ):
+                names.add(target.attr)
+    return names
+
+
+def used(cls: type) -> set[str]:
+    """Every ``self.x`` a class reads or calls."""
+    tree = ast.parse(inspect.getsource(cls))
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+    }
+
+
+def lightning_api() -> set[str]:
+    return set(dir(LightningModule)) | set(vars(LightningModule()))
+
+
+@pytest.mark.parametrize("part", PARTS, ids=lambda c: c.__name__)
+def test_a_part_uses_only_itself_its_bases_the_task_and_lightning(part: type) -> None:
+    own = set().union(*(members(c) for c in part.__mro__ if c in PARTS))
+    host = members(SplitTask)
+    foreign = used(part) - own - host - lightning_api()
+    owners = {name: [p.__name__ for p in PARTS if name in members(p)] for name in foreign}
+    assert not foreign, f"{part.__name__} uses other parts' members: {owners}"
+
+
+@pytest.mark.parametrize("cls", [*PARTS, SplitTask], ids=lambda c: c.__name__)
+def test_no_private_name_crosses_a_file(cls: type) -> None:
+    file = Path(inspect.getsourcefile(cls))
+    defined = set()
+    for other in (*PARTS, SplitTask):
+        if Path(inspect.getsourcefile(other)) == file:
+            defined |= members(other)
+    private = {n for n in used(cls) if n.startswith("_") and not n.startswith("__")}
+    crossing = private - defined - lightning_api()
+    assert not crossing, f"{file.name} reads private names defined elsewhere: {sorted(crossing)}"
+
+
+def test_the_template_lists_what_a_task_overrides() -> None:
+    """The overridable task API named in `SplitTask`'s docstring exists on it."""
+    doc = inspect.getdoc(SplitTask)
+    for name in ("build_metrics", "per_image_loss", "update_metrics", "unpack_batch", "describe_prediction"):
+        assert f"`{name}`" in doc and callable(getattr(SplitTask, name))
+    assert Path(base.__file__).read_text().count("\n") <= 300
+
+
+def test_a_task_written_for_the_old_names_still_works_and_is_told_the_new_ones() -> None:
+    from splitlab.tasks import ClassificationTask
+
+    with pytest.warns(DeprecationWarning, match="per_sample_loss is now per_image_loss"):
+
+        class OldTask(ClassificationTask):
+            def per_sample_loss(self, outputs, targets):
+                return outputs.sum(-1)
+
+    assert OldTask.per_image_loss is OldTask.per_sample_loss
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a task on the new names hears nothing
+
+        class NewTask(ClassificationTask):
+            def per_image_loss(self, outputs, targets):
+                return outputs.sum(-1)
+
+
+def test_every_setting_of_a_task_has_its_help_line() -> None:
+    """`lightning fit --model.help <Task>` reads the settings' lines from `SplitTask.__init__`'s docstring."""
+    import docstring_parser
+
+    documented = {p.arg_name for p in docstring_parser.parse(inspect.getdoc(SplitTask.__init__)).params}
+    settings = set(inspect.signature(SplitTask.__init__).parameters) - {"self"}
+    assert settings <= documented, f"settings without a help line: {sorted(settings - documented)}"
