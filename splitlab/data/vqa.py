@@ -411,7 +411,7 @@ class VQAv2Data(BaseDataModule):
         """The letterbox of `preprocessing`, on PIL images."""
         return self.preprocessing.image_transform
 
-    def _split(self, setting: str, answers: bool = True) -> Dataset:
+    def _subset(self, setting: str, answers: bool = True) -> Dataset:
         hp = self.hparams
         name = hp[setting] if setting != "predict_split" else hp.predict_split or hp.val_split
         if hp.root is not None:
@@ -435,12 +435,12 @@ class VQAv2Data(BaseDataModule):
             if "predict" not in self.datasets:
                 hp = self.hparams
                 self.use_for_predict(
-                    self._split("predict_split", answers=False), hp.predict_split or hp.val_split
+                    self._subset("predict_split", answers=False), hp.predict_split or hp.val_split
                 )
             return
         if "val" not in self.datasets:
-            self.datasets["val"] = self._split("val_split")
+            self.datasets["val"] = self._subset("val_split")
         if "train" not in self.datasets and stage == "fit":  # validate and test read no training questions
-            self.datasets["train"] = self._split("train_split")
+            self.datasets["train"] = self._subset("train_split")
 
     collate_fn = staticmethod(collate)

@@ -153,8 +153,9 @@ class VQATask(SplitTask):
                 ) from err
 
     def on_predict_epoch_end(self) -> None:
-        """One ``vqa_results.json`` (on rank 0): every rank's answers gathered, each question once
-        (the distributed sampler repeats a few images to even out the ranks), sorted by id."""
+        """One ``vqa_results.json`` (on rank 0): every rank's answers gathered, sorted by id, each
+        question once (Lightning's predict gives ranks unequal shares; a sampler that repeats images
+        to even them out would answer some twice)."""
         gathered = [self._results]
         if self.trainer.world_size > 1 and torch.distributed.is_initialized():
             gathered = [None] * self.trainer.world_size

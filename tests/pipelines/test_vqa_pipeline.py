@@ -111,8 +111,8 @@ def test_predict_from_the_checkpoint_writes_the_answers_validation_scored(vqa_ru
 @pytest.mark.distributed
 def test_predict_on_two_ranks_writes_one_results_file(tmp_path) -> None:
     """DDP predict (2 CPU ranks over gloo) with the twin's model: rank 0 gathers every rank's answers into
-    one official file, each question once although the sampler pads 7 images to 2 x 4 (repeats one).
-    Untrained weights do: which answers is not the question here, whose and how many."""
+    one official file, each question once, from 7 images the ranks share 4 + 3. Untrained weights do:
+    which answers is not the question here, whose and how many (the checkpoint's: the one-rank test)."""
     from splitlab.data import generate_vqa
 
     root = generate_vqa(tmp_path / "data", image_size=64, train=4, val=7, seed=0)

@@ -87,9 +87,8 @@ def test_each_image_loss_depends_on_that_image_alone(build, tmp_path) -> None:
     images = torch.randn(4, 3, 64, 64)
 
     def losses(x, y):
-        task.sampling.resume(
-            None
-        )  # the same random state for every call (detection seeds its samplers from it)
+        # the same random state for every call (detection seeds its samplers from it)
+        task.sampling.resume(None)
         with torch.no_grad():
             outputs, _ = task(x)
             return task.per_image_loss(outputs, y)
