@@ -50,11 +50,14 @@ def skip_next_validation(trainer: Trainer) -> None:
     trainer.fit_loop.epoch_loop._skip_next_val = True
 
 
-def count_as_saved(trainer: Trainer) -> None:
-    """Let every checkpoint callback take the current step as saved already, so that the end of an
-    epoch stopped early does not save it again as a finished one."""
+def count_as_saved(trainer: Trainer, path: str) -> None:
+    """Let every checkpoint callback take the current step as saved already, to ``path``, so that
+    neither the end of an epoch stopped early nor the end of training saves it again as a finished
+    one (``save_last`` writes ``last.ckpt`` at the end of training when no checkpoint was saved yet:
+    after a stop in the first epoch, that ``last.ckpt`` marked epoch 0 finished)."""
     for callback in trainer.checkpoint_callbacks:
         callback._last_global_step_saved = trainer.global_step
+        callback._last_checkpoint_saved = path
 
 
 def batches_that_stepped(checkpoint: dict[str, Any]) -> int | None:

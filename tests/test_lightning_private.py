@@ -148,9 +148,16 @@ def test_count_as_saved(tmp_path: Path) -> None:
         "ModelCheckpoint no longer skips a step whose _last_global_step_saved is the current step",
         "count_as_saved",
     )
+    require(
+        "on_train_end" not in vars(ModelCheckpoint)  # older releases save nothing there
+        or "not self._last_checkpoint_saved" in inspect.getsource(ModelCheckpoint.on_train_end),
+        "ModelCheckpoint.on_train_end no longer saves last.ckpt only when _last_checkpoint_saved is empty",
+        "count_as_saved",
+    )
     callback._last_global_step_saved = -1
-    lp.count_as_saved(t)
+    lp.count_as_saved(t, str(tmp_path / "interrupted.ckpt"))
     assert callback._last_global_step_saved == t.global_step
+    assert callback._last_checkpoint_saved == str(tmp_path / "interrupted.ckpt")
 
 
 def test_batches_that_stepped(tmp_path: Path) -> None:

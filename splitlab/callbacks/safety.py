@@ -91,7 +91,7 @@ class GracefulStop(Callback):
         # finished (a resume starts the next one): its validation and checkpoint run as usual.
         if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             skip_next_validation(trainer)
-            count_as_saved(trainer)
+            count_as_saved(trainer, self.checkpoint)
 
     def checkpoint_path(self, trainer: Trainer) -> str:
         """``interrupted.ckpt`` beside the run's other checkpoints."""

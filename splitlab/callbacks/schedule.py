@@ -16,10 +16,11 @@ class SplitSchedule(Callback):
     pretrained weights), the next ``warm_start_epochs`` run the warm start, and every epoch after
     that runs PPO with backbone, head and embeddings frozen (the paper's classification recipe is
     1 + 1). The stage is a function of the epoch, so a resumed run (Lightning restores the epoch,
-    also mid-epoch) re-enters the right stage; the callback keeps no state of its own. It talks to
+    also mid-epoch) re-enters the right stage; the callback keeps no stage of its own. It talks to
     the task only through the task's API: ``plan_stages`` (epoch counts, for learning-rate
     schedules) and ``set_stage``. Each epoch's training time (validation excluded) is logged as
-    ``time/<stage>_epoch_seconds``.
+    ``time/<stage>_epoch_seconds``; the time of an epoch stopped half-way is in the checkpoint, so a
+    resumed epoch logs all of it once.
 
     Args:
         warm_start_epochs: epochs of warm start.
@@ -38,6 +39,7 @@ class SplitSchedule(Callback):
         self.warm_start_epochs = warm_start_epochs
         self.rl_epochs = rl_epochs
         self.dense_epochs = dense_epochs
+        self._carried = 0.0  # an epoch's training time before the checkpoint this run resumed from
 
     @property
     def total_epochs(self) -> int:
@@ -79,16 +81,32 @@ class SplitSchedule(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._enter(trainer, pl_module, starting=True)
+        # a resume in the middle of an epoch enters no epoch start: its time runs on from the checkpoint's
+        self._started = self._last = time.perf_counter()
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._enter(trainer, pl_module)
         self._started = self._last = time.perf_counter()
+        self._carried = 0.0
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         self._last = time.perf_counter()
 
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Log the epoch's training time (validation excluded) under its stage: what a stage costs."""
+    def epoch_seconds(self) -> float:
+        """Training time of the current epoch so far, the part before a stop and resume included."""
         started = getattr(self, "_started", None)
-        if started is not None:
-            pl_module.log(f"time/{pl_module.stage}_epoch_seconds", self._last - started, on_epoch=True)
+        return self._carried + (0.0 if started is None else self._last - started)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Log the epoch's training time (validation excluded) under its stage: what a stage costs. An
+        epoch a stop ended early is not finished: its time is logged when the resumed run finishes it."""
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        if trainer.should_stop and not progress.is_last_batch:
+            return
+        pl_module.log(f"time/{pl_module.stage}_epoch_seconds", self.epoch_seconds(), on_epoch=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch_seconds": self.epoch_seconds()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._carried = float(state_dict.get("epoch_seconds", 0.0))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -565,6 +566,42 @@ def test_sigterm_leaves_a_checkpoint_and_last_resumes_the_unversioned_run(
     assert before and len(epoch0) == len([b for b in before if b.get("epoch") == "0"])
     state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
     assert state["epoch"] == 2 and state["splitlab"]["stage"] == "ppo"
+
+
+STAGES_FIRST = {"dense": (0, 1, 1), "warm_start": (1, 1, 0), "ppo": (0, 2, 0)}  # warm, rl, dense epochs
+
+
+def metric_rows(run: Path) -> list[dict[str, str]]:
+    """``metrics.csv`` without the wall-clock columns (the same run takes another time)."""
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES_FIRST))
+def test_a_stop_inside_the_first_epoch_resumes_into_the_uninterrupted_run(shapes_root, tmp_path, stage) -> None:
+    """A stop in epoch 0 (of a fit that starts in each stage) leaves one checkpoint to resume from: no
+    ``last.ckpt`` written after it marks the epoch finished (Lightning writes one at the end of training
+    when it believes none was saved), so ``--ckpt_path last`` resumes at the next batch, and every
+    metric row and the summary are the uninterrupted run's."""
+    warm, rl, dense = STAGES_FIRST[stage]
+    stop = {"class_path": "tests.helpers.SignalAt", "init_args": {"epoch": 0, "batch": 1, "signal_name": "SIGTERM"}}
+    main(["fit", *tiny_args(shapes_root, tmp_path / "full", *schedule_args(warm, rl, dense))])
+    args = tiny_args(shapes_root, tmp_path / "stopped")
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", *args, *schedule_args(warm, rl, dense, also=[stop])])
+    assert exit_.value.code == 128 + 15
+    checkpoints = tmp_path / "stopped" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["interrupted.ckpt"]
+    state = torch.load(checkpoints / "interrupted.ckpt", weights_only=False)
+    assert state["epoch"] == 0 and state["splitlab"]["stage"] == stage
+    main(["fit", *args, *schedule_args(warm, rl, dense), "--ckpt_path=last"])
+    assert metric_rows(tmp_path / "stopped") == metric_rows(tmp_path / "full")
+    full, resumed = (json.loads((tmp_path / r / "summary.json").read_text()) for r in ("full", "stopped"))
+    assert full["policies"].keys() == resumed["policies"].keys()
+    for policy, row in full["policies"].items():
+        for key in ("metric", "token_fraction_mean", "token_fraction_std"):
+            assert resumed["policies"][policy][key] == pytest.approx(row[key], abs=1e-6), (policy, key)
+    assert resumed["lambda"] == pytest.approx(full["lambda"], abs=1e-6)
 
 
 @pytest.mark.parametrize(("signal_name", "code"), [("SIGTERM", 15), ("SIGINT", 2)])
