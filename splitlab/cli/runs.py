@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,9 @@ LOCK = ".splitlab.lock"
 # what a fit leaves in its folder: another run lives there when any of these is present
 RUN_FILES = ("metrics.csv", "hparams.yaml", "summary.json")
 CHOSEN = "SPLITLAB_EVALUATION_VERSION"  # rank 0's choice, for the ranks Lightning's launcher starts after it
+# seconds a lock may name no process while its writer fills it in (it writes its holder right after
+# creating it): one still so after this was left by a writer that died in between
+EMPTY_LOCK_GRACE = 2.0
 
 
 def version_folder(version: int | str) -> str:
@@ -100,6 +104,12 @@ class RunLock:
     Taken by rank 0 when a fit starts, released when it ends. A lock left by a process that no
     longer runs on this host (a crash, kill -9), or by an earlier try of the same SLURM job (a
     requeue), is taken over; a live one refuses the second run before it trains.
+
+    An empty or garbled lock (no holder to ask) is taken over too, with a warning, once it has
+    stayed so for `EMPTY_LOCK_GRACE` seconds: its writer creates it and writes its holder at once,
+    so only one that died in between (killed, a full disk) leaves it so, and refusing would block
+    the folder for good over a file that names nobody. One that cannot be read at all (permissions)
+    may be a live run's: refused, naming the file.
     """
 
     def __init__(self, folder: Path) -> None:
@@ -134,6 +144,32 @@ class RunLock:
             return False
         return False
 
+    def holder(self) -> dict[str, Any] | None:
+        """Who the lock names, or None when it names no process (empty, or not a JSON object with a
+        pid) and has stayed so past `EMPTY_LOCK_GRACE` (a writer that died while writing it; a live
+        one, mid-write, is waited for). FileNotFoundError: released meanwhile; a lock that cannot be
+        read is a one-line error naming it."""
+        while True:
+            try:
+                text = self.path.read_text()
+                age = time.time() - self.path.stat().st_mtime
+            except FileNotFoundError:
+                raise
+            except OSError as err:
+                raise RuntimeError(
+                    f"{self.path}: the run folder's lock cannot be read ({err.strerror or err}); if no run is "
+                    "writing into that folder, delete the file"
+                ) from None
+            try:
+                holder = json.loads(text)
+            except ValueError:
+                holder = None
+            if isinstance(holder, dict) and "pid" in holder:
+                return holder
+            if age >= EMPTY_LOCK_GRACE:
+                return None
+            time.sleep(min(0.1, EMPTY_LOCK_GRACE - age))
+
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(2):
@@ -144,9 +180,17 @@ class RunLock:
                 return
             except FileExistsError:
                 try:
-                    holder = json.loads(self.path.read_text() or "{}")
-                except (OSError, ValueError):
-                    holder = {}
+                    holder = self.holder()
+                except FileNotFoundError:  # its run ended meanwhile
+                    continue
+                if holder is None:
+                    warnings.warn(
+                        f"{self.path}: a lock that names no process (empty or garbled: left by a run that died "
+                        "while taking it); taking it over",
+                        stacklevel=2,
+                    )
+                    self.path.unlink(missing_ok=True)
+                    continue
                 if not self.stale(holder):
                     raise RuntimeError(
                         f"{self.path.parent}: another run is writing there (pid {holder.get('pid')} on "

@@ -41,9 +41,12 @@ def main(args: argparse.Namespace) -> int:
     if taken:
         raise FileExistsError(f"--out {out}: already holds {', '.join(taken)}; choose another --out")
     model = load(args.model, device=args.device)
+    if args.format == "hf":  # what cannot be served is refused before the folder is made
+        model.set_deployment(args.budget, args.max_fraction)
+    else:
+        model.check_call(args.budget, args.max_fraction, "learned")
     out.mkdir(parents=True, exist_ok=True)
     if args.format == "hf":
-        model.set_deployment(args.budget, args.max_fraction)
         model.save_pretrained(out)
         print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'} (splitlab.load({str(out)!r}))")
         return 0

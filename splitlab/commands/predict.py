@@ -4,6 +4,10 @@ MODEL is anything `splitlab.load` takes (a run folder, a ``.ckpt``, a ``save_pre
 Hub id); INPUT files or folders (recursive). Writes ``predictions.jsonl`` (one line per file: its
 path, the prediction with names, token count and fraction) and the task's standard file: COCO
 results (detection), PNG masks at each input's size (segmentation), VQA results (VQA).
+
+Each output is written under a ``.partial`` name and renamed when the run is whole, so a run that
+fails leaves nothing an earlier prediction's check refuses: the rows it finished stay in
+``predictions.jsonl.partial`` (with a warning), which the next run into that folder replaces.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,20 @@ OUTPUTS = (
     "token_maps",
 )
 DIGITS = re.compile(r"(\d+)$")
+PARTIAL = ".partial"  # an output being written; renamed to its own name when the run is whole
+
+
+def partial(path: Path) -> Path:
+    """Where ``path`` is written until the run is whole."""
+    return path.with_name(path.name + PARTIAL)
+
+
+def remove(path: Path) -> None:
+    """Delete a file or folder this command wrote, if it is there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -66,6 +85,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="detection: a COCO annotations file whose image ids the results use",
     )
     p.add_argument("--top-k", type=positive_int, default=5, help="classification: classes per image")
+    p.add_argument(
+        "--exif-transpose",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read each file upright by its EXIF orientation, as phones' portrait photos need "
+        "(default: as the model's data was read, on unless trained with data.exif_transpose=false); "
+        "--no-exif-transpose reads the pixels as stored",
+    )
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument(
         "--num-workers", type=int, default=min(4, max((os.cpu_count() or 1) - 1, 0)), help="decoding workers"
@@ -159,12 +186,16 @@ def palette_png(mask: np.ndarray) -> Image.Image:
 
 
 class Outputs:
-    """What a predict run writes, file by file as predictions arrive, the results files at the end."""
+    """What a predict run writes, file by file as predictions arrive, the results files at the end:
+    all of it under `PARTIAL` names until `close` renames it (`abandon` when the run fails)."""
 
     def __init__(self, folder: Path, model: Any, files: Sequence[Path], args: argparse.Namespace) -> None:
         self.folder, self.model, self.task = folder, model, model.task
-        self.lines = (folder / "predictions.jsonl").open("w")
-        self.token_maps = folder / "token_maps" if args.token_maps else None
+        for name in OUTPUTS:  # what a failed run into this folder left
+            remove(partial(folder / name))
+        self.lines = partial(folder / "predictions.jsonl").open("w")
+        self.masks = partial(folder / "masks")
+        self.token_maps = partial(folder / "token_maps") if args.token_maps else None
         self.image_ids = coco_image_ids(args.annotations, files) if self.task == "detection" else {}
         self.coco: list[dict[str, Any]] = []
         self.vqa: list[dict[str, Any]] = []
@@ -183,10 +214,9 @@ class Outputs:
         self.predicted.append(file)
         if self.task == "segmentation":
             mask = record.pop("mask").cpu().numpy()
-            target = self.folder / "masks" / f"{stem}.png"
-            target.parent.mkdir(exist_ok=True)
-            palette_png(mask).save(target)
-            record["mask"] = str(target.relative_to(self.folder))
+            self.masks.mkdir(exist_ok=True)
+            palette_png(mask).save(self.masks / f"{stem}.png")
+            record["mask"] = f"masks/{stem}.png"  # its name once the run is whole
         elif self.task == "detection":
             image_id = self.image_ids.setdefault(file, len(self.predicted))
             record["image_id"] = image_id
@@ -222,23 +252,45 @@ class Outputs:
         )
 
     def close(self) -> list[str]:
-        """Write the results files; their names."""
+        """Write the results files and give every output its own name (``predictions.jsonl`` last:
+        it says the prediction is whole); their names."""
         self.lines.close()
-        written = ["predictions.jsonl"]
+        results: dict[str, Any] = {}
         if self.task == "detection":
-            (self.folder / "coco_results.json").write_text(json.dumps(self.coco) + "\n")
-            ids = {str(f): self.image_ids[f] for f in self.predicted}
-            (self.folder / "image_ids.json").write_text(json.dumps(ids, indent=1) + "\n")
-            written += ["coco_results.json", "image_ids.json"]
+            results["coco_results.json"] = self.coco
+            results["image_ids.json"] = {str(f): self.image_ids[f] for f in self.predicted}
         if self.task == "vqa":
-            ordered = sorted(self.vqa, key=lambda r: r["question_id"])
-            (self.folder / "vqa_results.json").write_text(json.dumps(ordered) + "\n")
-            written.append("vqa_results.json")
-        if self.task == "segmentation":
-            written.append("masks/")
-        if self.token_maps is not None:
-            written.append("token_maps/")
-        return written
+            results["vqa_results.json"] = sorted(self.vqa, key=lambda r: r["question_id"])
+        for name, doc in results.items():
+            partial(self.folder / name).write_text(
+                json.dumps(doc, indent=1 if name == "image_ids.json" else None) + "\n"
+            )
+        folders = [f for f in (self.masks, self.token_maps) if f is not None and f.is_dir()]
+        if self.task == "segmentation" and not folders:  # no image was predicted: no mask either
+            self.masks.mkdir()
+            folders.insert(0, self.masks)
+        for path in [*(partial(self.folder / name) for name in results), *folders]:
+            os.replace(path, path.with_name(path.name.removesuffix(PARTIAL)))
+        os.replace(partial(self.folder / "predictions.jsonl"), self.folder / "predictions.jsonl")
+        return ["predictions.jsonl", *results, *(f"{f.name.removesuffix(PARTIAL)}/" for f in folders)]
+
+    def abandon(self) -> None:
+        """A run that failed: no output under its own name; the rows finished, if any, stay in
+        ``predictions.jsonl.partial`` (with a warning), everything else of this run is removed."""
+        import warnings
+
+        self.lines.close()
+        for name in OUTPUTS[1:]:
+            remove(partial(self.folder / name))
+        lines = partial(self.folder / "predictions.jsonl")
+        if self.predicted:
+            warnings.warn(
+                f"predict stopped after {len(self.predicted)} image(s): their rows are in {lines} "
+                "(not a whole prediction; the next run into this folder replaces it)",
+                stacklevel=2,
+            )
+        else:
+            lines.unlink(missing_ok=True)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -247,7 +299,7 @@ def main(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from splitlab.model import load
-    from splitlab.model.predict import image_files, iter_predictions
+    from splitlab.model.predict import budget_note, image_files, iter_predictions
 
     folder = output_folder(args.model, args.out)
     files = image_files(args.inputs)
@@ -257,7 +309,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--num-workers {args.num_workers}: must be 0 or more")
     questions = read_questions(args, files)
     model = load(args.model, device=args.device)
-    model.check_policy(args.policy)
+    model.check_call(args.budget, args.max_fraction, args.policy)  # before any output is opened
     if (model.task == "vqa") != (questions is not None):
         need = "needs --question or --questions" if model.task == "vqa" else "asks no questions: drop them"
         raise ValueError(f"model {args.model}: a {model.task} model {need}")
@@ -286,6 +338,7 @@ def main(args: argparse.Namespace) -> int:
         questions=[[q["question"] for q in qs] for qs in questions] if questions is not None else None,
         top_k=args.top_k,
         keep_images=args.token_maps,
+        exif_transpose=args.exif_transpose,
     )
     try:
         for prediction in tqdm(stream, total=len(files), desc="predict", unit="img"):
@@ -297,12 +350,19 @@ def main(args: argparse.Namespace) -> int:
             fractions.append(prediction.result["token_fraction"])
             extra = (prediction.image, prediction.layout_boxes) if args.token_maps else None
             outputs.add(file, prediction.result, questions[prediction.index] if questions else None, extra)
-    finally:
         written = outputs.close()
+    except BaseException:  # Ctrl-C included: nothing under an output's own name
+        outputs.abandon()
+        raise
     mean = sum(fractions) / len(fractions) if fractions else float("nan")
     note = f", {skipped} skipped (not images)" if skipped else ""
+    policy = model.check_policy(args.policy)
+    budget = "" if policy == "uniform" else f" for a budget of {args.budget or model.budget:g}"
     print(
-        f"predicted {len(fractions)} image(s){note}: mean token fraction {mean:.3f} "
-        f"(policy {model.check_policy(args.policy)}); wrote {', '.join(written)} in {folder}"
+        f"predicted {len(fractions)} image(s){note}: mean token fraction {mean:.3f}{budget} "
+        f"(policy {policy}); wrote {', '.join(written)} in {folder}"
     )
+    missed = budget_note(model, fractions, args.budget, args.policy)
+    if missed:
+        warnings.warn(missed.replace("MODEL", args.model, 1), stacklevel=1)
     return 0

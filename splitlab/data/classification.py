@@ -7,12 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from splitlab.data.common import BaseDataModule, SkipCorrupt, check_source, require_dir
+from splitlab.data.common import BaseDataModule, SkipCorrupt, check_source, image_source, require_dir
+from splitlab.data.objects import WithBoxes, eval_resize, read_objects
+from splitlab.model.images import ImageDecoder
 from splitlab.model.preprocess import Preprocessing
 
 
@@ -41,6 +44,14 @@ class ImageClassificationData(BaseDataModule):
         batch_size, num_workers: loader settings.
         shuffle_seed: seed of the epoch shuffles.
         strict: stop at the first unreadable image instead of skipping and counting it.
+        exif_transpose: read images upright by their EXIF orientation (phone photos); off reads
+            the pixels as stored. The model keeps it, so ``predict`` reads files alike. Files are
+            decoded as `splitlab.model.images` says (16-bit by its own range, alpha dropped, ...).
+        objects: a JSON file (a relative path is under ``root``) of each image's object box,
+            ``{split: {path under root: [x0, y0, x1, y1]}}`` (``splitlab data shapes`` writes
+            ``objects.json``): batches then carry the boxes (``(images, labels, boxes)``), which the
+            ``oracle`` row and ``label_source: annotations`` read. ImageFolder roots without
+            augmentation only (a random crop moves the object).
     """
 
     def __init__(
@@ -66,12 +77,22 @@ class ImageClassificationData(BaseDataModule):
         num_workers: int = 4,
         shuffle_seed: int = 0,
         strict: bool = False,
+        exif_transpose: bool = True,
+        objects: str | None = None,
     ) -> None:
         super().__init__()
         check_source(root, hf_dataset, "an ImageFolder tree")
         if root is not None:
             require_dir(root, "data.root")
             require_dir(Path(root) / train_split, "data.root/train_split")
+        if objects is not None and (root is None or augment):
+            why = (
+                "a root (its keys are paths under it)"
+                if root is None
+                else "augment: false (a crop moves them)"
+            )
+            raise ValueError(f"data.init_args.objects={objects!r}: the boxes need {why}")
+        self.boxes = None if objects is None else read_objects(Path(root or "") / Path(objects).expanduser())
         self.save_hyperparameters()
         self.mean, self.std = tuple(mean), tuple(std)
         self.img_size = img_size
@@ -90,6 +111,7 @@ class ImageClassificationData(BaseDataModule):
             resize="crop",
             interpolation=hp.interpolation,
             crop_pct=hp.crop_pct,
+            exif_transpose=hp.exif_transpose,
         )
 
     @property
@@ -116,6 +138,7 @@ class ImageClassificationData(BaseDataModule):
     def _subset(self, name: str, training: bool) -> Dataset | None:
         hp = self.hparams
         transform = self.transform(training)
+        decode = ImageDecoder(hp.exif_transpose)  # one per split: each kind of conversion said once
         if hp.root is not None:
             folder = Path(hp.root) / name
             if not folder.is_dir():
@@ -131,13 +154,15 @@ class ImageClassificationData(BaseDataModule):
                     f"data.root={hp.root!r}: class folder(s) {empty} in {name}/ hold no image files "
                     f"({', '.join(IMG_EXTENSIONS)})"
                 )
-            dataset = ImageFolder(str(folder), transform=transform)
+            boxed = self.boxes is not None
+            dataset = ImageFolder(str(folder), transform=None if boxed else transform, loader=decode)
             if self.classes and dataset.classes != self.classes:
                 raise ValueError(
                     f"data.root={hp.root!r}: {name}/ has classes {dataset.classes}, train/ has {self.classes}"
                 )
             self.classes = self.classes or list(dataset.classes)
-            return SkipCorrupt(dataset, lambda i, ds=dataset: ds.samples[i][0], hp.strict)
+            items = self.with_boxes(dataset, transform, name, training) if boxed else dataset
+            return SkipCorrupt(items, lambda i, ds=dataset: ds.samples[i][0], hp.strict)
         splits = self.hf_splits()
         if name in splits and not self.classes and hp.label_column in splits[name].column_names:
             names = getattr(splits[name].features[hp.label_column], "names", None)
@@ -148,9 +173,31 @@ class ImageClassificationData(BaseDataModule):
             self.classes = list(names)
 
         def convert(row: dict[str, Any], item: str) -> tuple[torch.Tensor, int]:
-            return transform(row[hp.image_column].convert("RGB")), int(row[hp.label_column])
+            return transform(decode(image_source(row[hp.image_column]), item)), int(row[hp.label_column])
 
-        return self.hf_rows(name, (hp.image_column, hp.label_column), convert)
+        return self.hf_rows(name, (hp.image_column, hp.label_column), convert, images=(hp.image_column,))
+
+    @property
+    def object_annotations(self) -> bool:
+        return self.boxes is not None
+
+    def with_boxes(self, dataset: ImageFolder, transform: Any, name: str, training: bool) -> WithBoxes:
+        """``dataset``'s items with their object boxes, moved through the transform's resize and crop."""
+        hp = self.hparams
+        root = Path(hp.root)
+        resize = hp.img_size if training else eval_resize(hp.img_size, hp.crop_pct)
+        boxes = WithBoxes(
+            dataset,
+            transform,
+            lambda i: Path(dataset.samples[i][0]).relative_to(root).as_posix(),
+            self.boxes.get(name, {}),
+            resize,
+            hp.img_size,
+        )
+        missing = boxes.missing()
+        if missing:
+            rank_zero_info(f"splitlab: data.objects gives no box for {missing} of {len(boxes)} {name} images")
+        return boxes
 
     def setup(self, stage: str) -> None:
         hp = self.hparams

@@ -3,6 +3,7 @@ Face splits, padding."""
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import random
 import warnings
@@ -17,6 +18,8 @@ from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
+
+from splitlab.deprecation import warn_renamed
 
 
 class SeededIndex(int):
@@ -239,6 +242,36 @@ def load_hf_splits(name: str, config: str | None = None, default_split: str = "t
     return parts
 
 
+def undecoded_images(split: Any, columns: Sequence[str]) -> Any:
+    """``split`` with its image ``columns`` handed over as stored (``{"bytes", "path"}``), for
+    `splitlab.model.images` to decode as it decodes files: `datasets` would turn every image upright
+    by its EXIF orientation whatever ``exif_transpose`` says, and convert it to a mode its feature
+    declares first (a 16-bit image to white). Masks are not passed here: they stay as `datasets` reads them."""
+    import datasets
+
+    for column in columns:
+        feature = split.features.get(column)
+        if isinstance(feature, datasets.Image) and feature.decode:
+            split = split.cast_column(column, datasets.Image(decode=False))
+    return split
+
+
+def image_source(value: Any) -> Any:
+    """An image cell of `undecoded_images` as `decode_image` reads it: its bytes as a file object, or
+    its local path; a remote path is fetched by `datasets` (its EXIF already applied); anything else
+    (a PIL image) as it is."""
+    if not isinstance(value, dict):
+        return value
+    if value.get("bytes") is not None:
+        return io.BytesIO(value["bytes"])
+    path = value.get("path")
+    if path and Path(path).is_file():
+        return path
+    import datasets
+
+    return datasets.Image().decode_example(value)
+
+
 class HFRows(Dataset):
     """Items made from the rows of a `datasets` split by ``convert(row, name)``, columns checked up front.
 
@@ -287,6 +320,7 @@ class BaseDataModule(LightningDataModule):
 
     collate_fn: Callable | None = None
     test_key = "val"  # the split `test` and `predict` read
+    object_annotations = False  # whether its targets say where the objects are (the oracle row reads them)
 
     def hf_splits(self) -> Any:
         """The ``hf_dataset`` (with ``hf_config``) as a ``DatasetDict``, loaded once per DataModule."""
@@ -296,13 +330,19 @@ class BaseDataModule(LightningDataModule):
         return self._hf
 
     def hf_rows(
-        self, name: str, columns: Sequence[str], convert: Callable[[dict[str, Any], str], Any]
+        self,
+        name: str,
+        columns: Sequence[str],
+        convert: Callable[[dict[str, Any], str], Any],
+        images: Sequence[str] = (),
     ) -> Dataset | None:
-        """Split ``name`` of ``hf_dataset`` as an `HFRows` dataset that skips undecodable images, or None."""
+        """Split ``name`` of ``hf_dataset`` as an `HFRows` dataset that skips undecodable images, or None;
+        ``images`` (columns) reach ``convert`` undecoded (`undecoded_images`, read with `image_source`)."""
         splits = self.hf_splits()
         if name not in splits:
             return None
-        rows = HFRows(splits[name], columns, convert, f"data.hf_dataset={self.hparams.hf_dataset!r}[{name}]")
+        split = undecoded_images(splits[name], images)
+        rows = HFRows(split, columns, convert, f"data.hf_dataset={self.hparams.hf_dataset!r}[{name}]")
         return SkipCorrupt(rows, lambda i: f"{rows.name}[{i}]", self.hparams.get("strict", False))
 
     def missing_split(self, setting: str, name: str, under: str = "") -> FileNotFoundError:
@@ -385,10 +425,6 @@ class BaseDataModule(LightningDataModule):
 def __getattr__(name: str) -> Any:
     """`SplitDataModule`, the old name of `BaseDataModule` ("split" is SPLIT's word), for one release."""
     if name == "SplitDataModule":
-        warnings.warn(
-            "splitlab.data.common.SplitDataModule is now BaseDataModule; the old name goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+        warn_renamed("splitlab.data.common.SplitDataModule", "BaseDataModule")  # at the import
         return BaseDataModule
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from splitlab.data.common import BaseDataModule, SkipCorrupt, require_dir
+from splitlab.data.common import BadSample, BaseDataModule, SkipCorrupt, require_dir
+from splitlab.model.images import ImageDecoder
 from splitlab.model.preprocess import Preprocessing
 
 IMAGE_FIELDS = ("id", "file_name")
@@ -112,12 +112,21 @@ def load_coco(annotations: Path, images: Path) -> tuple[Any, list[int], dict[int
 
 class CocoDetection(Dataset):
     """(image, target) pairs; targets hold boxes (xyxy, input pixels), labels, optional masks,
-    the image id and the letterbox scale (to map predictions back to the original image)."""
+    the image id and the letterbox scale (to map predictions back to the original image). Images are
+    decoded upright by their EXIF orientation unless ``exif_transpose`` is off (`ImageDecoder`)."""
 
     def __init__(
-        self, images: Path, annotations: Path, transform: Any, masks: bool, size: int, training: bool = False
+        self,
+        images: Path,
+        annotations: Path,
+        transform: Any,
+        masks: bool,
+        size: int,
+        training: bool = False,
+        exif_transpose: bool = True,
     ) -> None:
         self.images, self.transform, self.masks, self.size = images, transform, masks, size
+        self.decode = ImageDecoder(exif_transpose)
         self.coco, self.ids, self.categories, self.dropped = load_coco(annotations, images)
         if training:  # the letterbox drops boxes under a pixel at the network's size: say how many
             tiny = sum(self.under_a_pixel(a) for a in self.coco.dataset.get("annotations", []))
@@ -139,13 +148,25 @@ class CocoDetection(Dataset):
         height = min(y + h, img["height"]) - max(y, 0)
         return min(width, height) * self.size / max(img["width"], img["height"]) < 1.0
 
+    def check_turned(self, info: dict[str, Any], width: int, height: int) -> None:
+        """An image its EXIF orientation turned, whose annotations are on the stored pixels (their
+        width and height are the stored image's, swapped): its boxes would lie across the objects."""
+        given = (info.get("width"), info.get("height"))
+        if self.decode.exif_transpose and width != height and given == (height, width):
+            raise BadSample(
+                f"{self.images / info['file_name']}: read upright (by its EXIF orientation) it is "
+                f"{width}x{height}, its annotations say {given[0]}x{given[1]}: boxes drawn on the stored "
+                "pixels of a turned photo need data.init_args.exif_transpose=false (read images as stored)"
+            )
+
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         image_id = self.ids[index]
         info = self.coco.imgs[image_id]
-        image = Image.open(self.images / info["file_name"]).convert("RGB")
+        image = self.decode(self.images / info["file_name"])
+        self.check_turned(info, image.width, image.height)
         # crowd regions come along, flagged: the loss leaves them out, COCO evaluation ignores
         # detections on them (`splitlab.heads.without_crowd`, `splitlab.metrics.coco_truth`)
         anns = [a for a in self.coco.imgToAnns.get(image_id, []) if not a.get("_splitlab_drop")]
@@ -212,7 +233,11 @@ class CocoDetectionData(BaseDataModule):
         mean, std: normalisation (the backbone's).
         batch_size, num_workers, shuffle_seed: loader settings.
         strict: stop at the first unreadable image instead of skipping and counting it.
+        exif_transpose: read images upright by their EXIF orientation (boxes drawn on the upright
+            image); off reads the pixels as stored. The model keeps it, so ``predict`` reads files alike.
     """
+
+    object_annotations = True  # boxes and masks
 
     def __init__(
         self,
@@ -229,6 +254,7 @@ class CocoDetectionData(BaseDataModule):
         num_workers: int = 4,
         shuffle_seed: int = 0,
         strict: bool = False,
+        exif_transpose: bool = True,
     ) -> None:
         super().__init__()
         require_dir(root, "data.root")
@@ -247,6 +273,7 @@ class CocoDetectionData(BaseDataModule):
             hp.masks,
             hp.img_size,
             training,
+            hp.exif_transpose,
         )
         return SkipCorrupt(ds, lambda i: str(folder / ds.coco.imgs[ds.ids[i]]["file_name"]), hp.strict)
 
@@ -298,4 +325,4 @@ class CocoDetectionData(BaseDataModule):
     @property
     def preprocessing(self) -> Preprocessing:
         """The model's input: the longer side to ``img_size``, padded square (bottom/right)."""
-        return Preprocessing(self.img_size, self.mean, self.std)
+        return Preprocessing(self.img_size, self.mean, self.std, exif_transpose=self.hparams.exif_transpose)

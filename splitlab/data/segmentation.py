@@ -27,8 +27,10 @@ from splitlab.data.common import (
     BaseDataModule,
     SkipCorrupt,
     check_source,
+    image_source,
     require_dir,
 )
+from splitlab.model.images import ImageDecoder, decoded_size
 from splitlab.model.preprocess import Preprocessing
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -36,7 +38,9 @@ CHECKED_LABELS = 16  # masks whose labels are read before training (all sizes ar
 
 
 class SegmentationFolder(Dataset):
-    """(image, mask) pairs from two parallel folders; labels checked against ``num_classes``."""
+    """(image, mask) pairs from two parallel folders; labels checked against ``num_classes``. Images
+    are decoded upright by their EXIF orientation unless ``exif_transpose`` is off (`ImageDecoder`);
+    masks are read as stored (index PNGs, not pictures)."""
 
     def __init__(
         self,
@@ -47,6 +51,7 @@ class SegmentationFolder(Dataset):
         transform: Any,
         reduce_zero_label: bool = True,
         checked_labels: int = CHECKED_LABELS,
+        exif_transpose: bool = True,
     ) -> None:
         files = sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
@@ -62,6 +67,7 @@ class SegmentationFolder(Dataset):
             )
         self.num_classes, self.ignore_index = num_classes, ignore_index
         self.transform, self.reduce_zero_label = transform, reduce_zero_label
+        self.decode = ImageDecoder(exif_transpose)
         self.check(checked_labels)
 
     def check(self, labelled: int) -> None:
@@ -76,8 +82,10 @@ class SegmentationFolder(Dataset):
                 image, mask = Image.open(image_path), Image.open(ann_path)
             except UNREADABLE:  # skipped and counted when read (or strict's error)
                 continue
-            with image, mask:
-                check_size(str(ann_path), mask.size[::-1], image.size[::-1])
+            with image, mask:  # the size the image is read at: upright, where EXIF turns it
+                check_size(
+                    str(ann_path), mask.size[::-1], decoded_size(image, self.decode.exif_transpose)[::-1]
+                )
         for _, ann_path in pairs[:labelled]:
             try:
                 raw = np.asarray(Image.open(ann_path))
@@ -96,7 +104,7 @@ class SegmentationFolder(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         image_path, ann_path = self.pairs[index]
-        image = Image.open(image_path).convert("RGB")
+        image = self.decode(image_path)
         raw = np.asarray(Image.open(ann_path))
         return encode(
             image,
@@ -109,13 +117,32 @@ class SegmentationFolder(Dataset):
         )
 
 
+def cell_size(cell: Any, exif_transpose: bool) -> tuple[int, int]:
+    """``(width, height)`` a Hugging Face image cell is read at (upright, where EXIF turns it), from
+    its header alone."""
+    source = image_source(cell)
+    if isinstance(source, Image.Image):
+        return decoded_size(source, exif_transpose)
+    with Image.open(source) as image:
+        return decoded_size(image, exif_transpose)
+
+
 def check_size(
     name: str, mask_hw: tuple[int, int], image_hw: tuple[int, int], error: type[Exception] = ValueError
 ) -> None:
-    """A mask must have its image's (height, width); ``error`` names the annotation when it has not."""
+    """A mask must have its image's (height, width) as read (upright by its EXIF orientation, unless
+    ``exif_transpose`` is off); ``error`` names the annotation when it has not."""
     if tuple(mask_hw) != tuple(image_hw):
+        turned = tuple(mask_hw) == tuple(image_hw)[::-1]
+        hint = (
+            "; width and height swapped: images are read upright by their EXIF orientation unless "
+            "data.init_args.exif_transpose=false: set it to how the masks were drawn"
+            if turned
+            else ""
+        )
         raise error(
-            f"annotation {name}: size {mask_hw[0]}x{mask_hw[1]} differs from its image ({image_hw[0]}x{image_hw[1]})"
+            f"annotation {name}: size {mask_hw[0]}x{mask_hw[1]} differs from its image "
+            f"({image_hw[0]}x{image_hw[1]}){hint}"
         )
 
 
@@ -179,7 +206,12 @@ class ADE20KData(BaseDataModule):
         batch_size, num_workers, shuffle_seed: loader settings.
         strict: stop at the first unusable sample (unreadable image, label above ``num_classes``,
             mask size differing from its image) instead of skipping and counting it.
+        exif_transpose: read images upright by their EXIF orientation (masks drawn on the upright
+            image; masks themselves are read as stored); off reads the pixels as stored. The model
+            keeps it, so ``predict`` reads files alike.
     """
+
+    object_annotations = True  # the masks
 
     def __init__(
         self,
@@ -202,6 +234,7 @@ class ADE20KData(BaseDataModule):
         num_workers: int = 4,
         shuffle_seed: int = 0,
         strict: bool = False,
+        exif_transpose: bool = True,
     ) -> None:
         super().__init__()
         check_source(root, hf_dataset, "ADE20K layout")
@@ -236,26 +269,36 @@ class ADE20KData(BaseDataModule):
                 return None
             require_dir(annotations, f"data.root/annotations/{name}")
             ds = SegmentationFolder(
-                images, annotations, hp.num_classes, hp.ignore_index, transform, hp.reduce_zero_label
+                images,
+                annotations,
+                hp.num_classes,
+                hp.ignore_index,
+                transform,
+                hp.reduce_zero_label,
+                exif_transpose=hp.exif_transpose,
             )
             return SkipCorrupt(ds, lambda i: str(ds.pairs[i][0]), hp.strict)
 
+        decode = ImageDecoder(hp.exif_transpose)  # one per split: each kind of conversion said once
+
         def convert(row: dict[str, Any], item: str) -> tuple[torch.Tensor, torch.Tensor]:
-            image, raw = row[hp.image_column].convert("RGB"), np.asarray(row[hp.label_column])
+            image = decode(image_source(row[hp.image_column]), item)
+            raw = np.asarray(row[hp.label_column])
             return encode(image, raw, hp.num_classes, hp.ignore_index, hp.reduce_zero_label, transform, item)
 
-        rows = self.hf_rows(name, (hp.image_column, hp.label_column), convert)
+        rows = self.hf_rows(name, (hp.image_column, hp.label_column), convert, images=(hp.image_column,))
         if rows is not None:  # as the folder's check: the first rows' labels and sizes, before training
             split = rows.dataset.split
             for index in range(min(CHECKED_LABELS, len(split))):
                 item = f"{rows.dataset.name}[{index}]"
                 try:
                     row = split[index]
+                    size = cell_size(row[hp.image_column], hp.exif_transpose)
                 except UNREADABLE:  # an undecodable image: skipped and counted when read
                     continue
                 raw = np.asarray(row[hp.label_column])
                 labels(raw, hp.num_classes, hp.ignore_index, hp.reduce_zero_label, item)
-                check_size(item, raw.shape[:2], row[hp.image_column].size[::-1])
+                check_size(item, raw.shape[:2], size[::-1])
         return rows
 
     @property
@@ -266,7 +309,9 @@ class ADE20KData(BaseDataModule):
     def preprocessing(self) -> Preprocessing:
         """The model's input: the longer side to ``img_size``, padded square with black pixels
         (bottom/right; the mask with ``ignore_index``), then normalised."""
-        return Preprocessing(self.img_size, self.mean, self.std, pad_fill="black")
+        return Preprocessing(
+            self.img_size, self.mean, self.std, pad_fill="black", exif_transpose=self.hparams.exif_transpose
+        )
 
     def setup(self, stage: str) -> None:
         hp = self.hparams

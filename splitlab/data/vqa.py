@@ -24,11 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 
-from splitlab.data.common import BaseDataModule, SkipCorrupt, check_source, require_dir
+from splitlab.data.common import (
+    BaseDataModule,
+    SkipCorrupt,
+    check_source,
+    image_source,
+    require_dir,
+    undecoded_images,
+)
 from splitlab.metrics.vqa import ANSWERS_PER_QUESTION, VQA_ANSWER_TYPES
+from splitlab.model.images import ImageDecoder
 from splitlab.model.preprocess import LETTERBOX_FILTERS, Preprocessing
 
 # OpenAI CLIP's normalisation (the usual VQA vision towers: CLIP / SigLIP-style ViTs at 336 px)
@@ -300,10 +307,14 @@ class VQAImages(Dataset):
         items: from `load_vqa` or `load_vqa_hf`.
         transform: PIL image -> tensor.
         images: for Hugging Face items, the split's ``image`` column (``source`` is a row).
+        exif_transpose: read images upright by their EXIF orientation (`ImageDecoder`).
     """
 
-    def __init__(self, items: list[dict[str, Any]], transform: Any, images: Any = None) -> None:
+    def __init__(
+        self, items: list[dict[str, Any]], transform: Any, images: Any = None, exif_transpose: bool = True
+    ) -> None:
         self.items, self.transform, self.images = items, transform, images
+        self.decode = ImageDecoder(exif_transpose)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -311,10 +322,10 @@ class VQAImages(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
         item = self.items[index]
         if self.images is None:
-            with Image.open(item["source"]) as f:
-                image = f.convert("RGB")
+            image = self.decode(item["source"])
         else:
-            image = self.images[item["source"]]["image"].convert("RGB")
+            cell = self.images[item["source"]]["image"]
+            image = self.decode(image_source(cell), f"row {item['source']}")
         target = {
             k: v if k == "image_id" else [list(x) if isinstance(x, list) else x for x in v]
             for k, v in item["target"].items()
@@ -362,6 +373,9 @@ class VQAv2Data(BaseDataModule):
         interpolation: the resize filter, antialiased: ``bicubic`` (CLIP's image processor,
             ``resample=3``, which LLaVA-1.5 applies) or ``bilinear`` (splitlab before; checkpoints keep
             the one they were trained with).
+        exif_transpose: read images upright by their EXIF orientation ("the cup on the left" of a
+            phone photo is on the left as it was seen); off reads the pixels as stored. The model keeps
+            it, so ``predict`` reads files alike.
     """
 
     test_key = "val"
@@ -384,6 +398,7 @@ class VQAv2Data(BaseDataModule):
         predict_split: str | None = None,
         pad: str = "corner",
         interpolation: str = "bicubic",
+        exif_transpose: bool = True,
     ) -> None:
         super().__init__()
         if pad not in ("corner", "centre"):
@@ -405,7 +420,14 @@ class VQAv2Data(BaseDataModule):
         """The model's input: the longer side to ``img_size`` (``interpolation``), normalised, padded
         square (with the mean colour) at ``pad``."""
         hp = self.hparams
-        return Preprocessing(self.img_size, self.mean, self.std, interpolation=hp.interpolation, pad=hp.pad)
+        return Preprocessing(
+            self.img_size,
+            self.mean,
+            self.std,
+            interpolation=hp.interpolation,
+            pad=hp.pad,
+            exif_transpose=hp.exif_transpose,
+        )
 
     def transform(self) -> Any:
         """The letterbox of `preprocessing`, on PIL images."""
@@ -416,14 +438,15 @@ class VQAv2Data(BaseDataModule):
         name = hp[setting] if setting != "predict_split" else hp.predict_split or hp.val_split
         if hp.root is not None:
             items = load_vqa(Path(hp.root), name, hp.max_questions, answers)
-            ds = VQAImages(items, self.transform())
+            ds = VQAImages(items, self.transform(), exif_transpose=hp.exif_transpose)
             return SkipCorrupt(ds, lambda i: str(ds.items[i]["source"]), hp.strict)
         splits = self.hf_splits()
         label = f"data.hf_dataset={hp.hf_dataset!r}[{name}]"
         if name not in splits:
             raise self.missing_split(setting, name)
         items = load_vqa_hf(splits[name], label, hp.max_questions, answers)
-        ds = VQAImages(items, self.transform(), splits[name].select_columns(["image"]))
+        images = undecoded_images(splits[name].select_columns(["image"]), ["image"])
+        ds = VQAImages(items, self.transform(), images, hp.exif_transpose)
         return SkipCorrupt(
             ds,
             lambda i: f"{label} image_id {ds.items[i]['target']['image_id']} (row {ds.items[i]['source']})",

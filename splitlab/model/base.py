@@ -34,6 +34,9 @@ from splitlab.tokenizer import (
 
 POLICIES = ("learned", "uniform", "entropy", "random")
 TRAINED_POLICIES = ("learned", "entropy", "random")
+# what the decision of a patch reads besides the patch: its 4 children (the paper's), or also every
+# finest patch under it (`splitlab.tokenizer.SplitDecision`)
+DECISION_CONTEXTS = ("children", "descendants")
 # the settings every SplitModel has (config.json's top level), with their defaults
 COMMON: dict[str, Any] = {
     "backbone": "vit_tiny_patch16_224",
@@ -43,6 +46,7 @@ COMMON: dict[str, Any] = {
     "levels": None,
     "decision_dim": 128,
     "decision_heads": 4,
+    "decision_context": "children",
     "budget": 0.7,
     "budget_points": None,
     "max_fraction": None,
@@ -120,8 +124,17 @@ class SplitModel(nn.Module, HubWeights):
         self.levels = levels
         budget = levels.check_fraction(cfg["budget"])
         points = [float(p) for p in (cfg["budget_points"] or [budget])]
+        if cfg["decision_context"] not in DECISION_CONTEXTS:
+            raise ValueError(
+                f"decision_context={cfg['decision_context']!r}: expected one of {DECISION_CONTEXTS}"
+            )
         self.tokenizer = SplitTokenizer(
-            self.backbone.embed_dim, levels, cfg["decision_dim"], cfg["decision_heads"], budgets=points
+            self.backbone.embed_dim,
+            levels,
+            cfg["decision_dim"],
+            cfg["decision_heads"],
+            budgets=points,
+            see_descendants=cfg["decision_context"] == "descendants",
         )
         self.tokenizer.operating_points.check(budget)
         self.max_tokens = self.cap_tokens(cfg["max_fraction"], "max_fraction")
@@ -178,7 +191,8 @@ class SplitModel(nn.Module, HubWeights):
     @staticmethod
     def check_cap(max_fraction: float | None, budget: float, budget_setting: str = "target_fraction") -> None:
         """Refuse a hard cap below the deployed budget: every image would be held under the budget,
-        so the mean could not meet it (measured: capped at 0.3, a budget of 0.5 realised 0.279)."""
+        so the mean could not meet it (measured: capped at 0.3, a budget of 0.5 realised 0.279). The
+        one wording of this refusal: construction (the recipes), `set_deployment`, `check_call`."""
         if max_fraction is not None and float(max_fraction) < float(budget) - 1e-9:
             raise ValueError(
                 f"max_fraction={float(max_fraction):g} is below {budget_setting}={float(budget):g}: a cap under the "
@@ -247,6 +261,41 @@ class SplitModel(nn.Module, HubWeights):
             policy, images, self.levels, budget=budget, generator=generator, mean=mean, std=std
         )
 
+    def binding_cap(self, policy: str, max_fraction: float | None = None) -> float | None:
+        """The hard cap (a fraction) on a call of ``policy``: an explicit ``max_fraction``, else the
+        model's, which binds the learned policy and the trained one only (a baseline row of a
+        comparison meets the matched mean fraction, single images above the cap); None: no cap."""
+        if max_fraction is not None:
+            return float(max_fraction)
+        return self.config["max_fraction"] if policy in ("learned", self.policy) else None
+
+    def check_call(
+        self,
+        budget: float | Tensor | None = None,
+        max_fraction: float | None = None,
+        policy: str | None = None,
+    ) -> str:
+        """Refuse in one line what a call (`layout`, `predict`, an export) asks and cannot get, before
+        any image is read; returns the policy it runs (default: the trained one).
+
+        The budget (default: the model's) must be one the learned policy was trained for, and the cap
+        that binds the call (`binding_cap`) must not lie under it (`check_cap`, the one wording of
+        construction, ``lightning validate`` and every export). A per-image budget tensor (training's
+        sampler, the budget strip) is checked where it is drawn: reading it here would wait on the
+        device. ``uniform`` meets no budget (every patch split), so only its cap's range is checked.
+        """
+        policy = self.check_policy(policy)
+        if max_fraction is not None:
+            self.cap_tokens(max_fraction, "max_fraction")
+        budget = self.budget if budget is None else budget
+        if isinstance(budget, Tensor):
+            return policy
+        if policy == "learned":
+            self.tokenizer.operating_points.check(budget, "budget")
+        if policy != "uniform":
+            self.check_cap(self.binding_cap(policy, max_fraction), budget, "budget")
+        return policy
+
     def layout(
         self,
         images: Tensor,
@@ -257,16 +306,15 @@ class SplitModel(nn.Module, HubWeights):
     ) -> TokenLayout:
         """The layout ``policy`` (default: the trained one) gives ``images`` at ``budget`` (default:
         the model's). The model's hard cap binds the learned policy and the trained one; another
-        policy (a baseline row of a comparison) is capped only by an explicit ``max_fraction``."""
-        policy = self.check_policy(policy)
+        policy (a baseline row of a comparison) is capped only by an explicit ``max_fraction``. A cap
+        below the budget is refused (`check_call`)."""
+        policy = self.check_call(budget, max_fraction, policy)
         budget = self.budget if budget is None else budget
         if max_fraction is not None:
             cap = self.cap_tokens(max_fraction, "max_fraction")
         else:
             cap = self.max_tokens if policy in ("learned", self.policy) else None
         if policy == "learned":
-            if not isinstance(budget, Tensor):
-                self.tokenizer.operating_points.check(budget, "budget")
             return self.tokenizer(images, self.backbone, mode="threshold", budget=budget, max_tokens=cap)
         generator = torch.Generator(images.device).manual_seed(seed)
         scores, threshold = self.scores(policy, images, float(budget), generator)

@@ -81,6 +81,7 @@ class StaticSplit(nn.Module):
                 "export: rotary position embeddings (EVA-02) are not exported yet: the padded path "
                 "would need each token's rotation per image (see docs/inference.md)"
             )
+        model.check_call(budget, max_fraction, "learned")  # a cap under the budget, refused as everywhere
         cap = model.cap_tokens(max_fraction) if max_fraction is not None else model.max_tokens
         finest = model.levels.grid(model.levels.num - 1, model.backbone.img_size)
         cap = finest[0] * finest[1] if cap is None else cap

@@ -15,6 +15,39 @@ from torch import Tensor
 from splitlab import __version__
 
 WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+FIX_CONFIG = (
+    "copy it again from where the model came from, or save the model again "
+    "(model.save_pretrained(DIR), or splitlab export MODEL --format hf --out DIR)"
+)
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A saved model's ``config.json``, or one line naming the file when it is not one (a save cut
+    short, an edit gone wrong): json's own error is a traceback that names no file."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        what = (
+            "is empty"
+            if not text.strip()
+            else f"is not valid JSON ({err.msg}: line {err.lineno}, column {err.colno})"
+        )
+        raise ValueError(f"{path} {what}: the file was cut short or edited; {FIX_CONFIG}") from None
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{path} holds a JSON {type(config).__name__}, not a model's settings (a JSON object); {FIX_CONFIG}"
+        )
+    return config
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """The file standing where ``path`` or one of its parent folders should be, or None."""
+    for part in [*reversed(path.parents), path]:
+        if part.exists() and not part.is_dir():
+            return part
+    return None
 
 
 class HubWeights(
@@ -55,8 +88,24 @@ class HubWeights(
 
     def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> str | None:
         """Write ``config.json`` and ``model.safetensors`` (the Hugging Face layout; ``push_to_hub=True``
-        and ``repo_id`` upload it), everything `from_pretrained` needs."""
+        and ``repo_id`` upload it), everything `from_pretrained` needs, into the folder
+        ``save_directory`` (made if new); a file in its place is refused naming it."""
+        blocking = file_in_the_way(Path(save_directory).expanduser())
+        if blocking is not None:  # huggingface_hub's mkdir would raise a bare FileExistsError
+            raise FileExistsError(
+                f"save_pretrained({str(save_directory)!r}): {blocking} is a file, and a saved model is a folder "
+                f"({CONFIG} + {WEIGHTS}) at that path: give the path of a new or existing folder instead"
+            )
         return super().save_pretrained(save_directory, config=self.export_config(), **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *args: Any, **kwargs: Any) -> Any:
+        """The model of a ``save_pretrained`` folder or a Hub id (``huggingface_hub``'s, with a broken
+        local ``config.json`` named in one line)."""
+        folder = Path(pretrained_model_name_or_path).expanduser()
+        if folder.is_dir() and (folder / CONFIG).is_file():
+            read_config(folder / CONFIG)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def _save_pretrained(self, save_directory: Path) -> None:
         from safetensors.torch import save_file
@@ -70,7 +119,7 @@ class HubWeights(
             state, str(Path(save_directory) / WEIGHTS), metadata={"format": "pt", "splitlab": __version__}
         )
         config = self.save_files(Path(save_directory), self.export_config())
-        (Path(save_directory) / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (Path(save_directory) / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
 
     def save_files(self, directory: Path, config: dict[str, Any]) -> dict[str, Any]:
         """Write the files besides the weights that ``config`` refers to (VQA: a word-list tokenizer),

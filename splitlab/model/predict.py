@@ -1,5 +1,6 @@
-"""Predictions of a `SplitModel` on files, PIL images or tensors: decoded and preprocessed in
-DataLoader workers, batched through the deployed path, mapped back to each input's own pixels."""
+"""Predictions of a `SplitModel` on files, PIL images or tensors: decoded (by the readers' own
+decoder, `splitlab.model.images`) and preprocessed in DataLoader workers, batched through the
+deployed path, mapped back to each input's own pixels."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2.functional import to_pil_image
 
+from splitlab.model.images import ImageDecoder
 from splitlab.model.preprocess import Placement, Preprocessing
 
 # PIL's errors for a file that is not a readable image (a decompression bomb is one too large to trust)
@@ -23,7 +25,9 @@ UNREADABLE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 def image_files(paths: Sequence[str | Path]) -> list[Path]:
     """Files given, and inside folders (recursively, sorted) every file with an extension PIL opens;
-    a path that does not exist is an error naming it."""
+    a path that does not exist is an error naming it. A symbolic link that leads to no file (one
+    that loops, or dangles) is kept, so that reading it skips it with a warning and the count says
+    so, as any other unreadable input (dropped here, nothing would)."""
     extensions = {ext.lower() for ext in Image.registered_extensions()}
     found: list[Path] = []
     for given in paths:
@@ -32,29 +36,29 @@ def image_files(paths: Sequence[str | Path]) -> list[Path]:
             found += sorted(
                 p
                 for p in path.rglob("*")
-                if p.is_file() and p.suffix.lower() in extensions and not p.name.startswith(".")
+                if (p.is_file() or (p.is_symlink() and not p.is_dir()))
+                and p.suffix.lower() in extensions
+                and not p.name.startswith(".")
             )
-        elif path.is_file():
+        elif path.is_file() or path.is_symlink():
             found.append(path)
         else:
             raise FileNotFoundError(f"input {str(given)!r}: no such file or folder")
     return found
 
 
-def as_image(item: Any) -> Image.Image:
-    """A file path, PIL image or ``(C, H, W)`` tensor (uint8, or float in [0, 1]) as an RGB image."""
-    if isinstance(item, str | Path):
-        with Image.open(item) as image:
-            image.load()
-            return image.convert("RGB")
-    if isinstance(item, Image.Image):
-        return item.convert("RGB")
+def as_image(item: Any, decode: ImageDecoder | None = None, name: str | None = None) -> Image.Image:
+    """A file path, PIL image or ``(C, H, W)`` tensor (uint8, or float in [0, 1]) as an 8-bit RGB
+    image, decoded as the data modules decode files (``decode``: default, EXIF orientation applied)."""
+    decode = decode or ImageDecoder()
+    if isinstance(item, str | Path | Image.Image):
+        return decode(item, name)
     if isinstance(item, Tensor):
         if item.dim() != 3:
             raise ValueError(f"an image tensor is (C, H, W), got shape {tuple(item.shape)}")
         if item.is_floating_point():
             item = (item.clamp(0, 1) * 255).round().to(torch.uint8)
-        return to_pil_image(item.cpu()).convert("RGB")
+        return decode(to_pil_image(item.cpu()), name)
     raise TypeError(f"cannot read an image from {type(item).__name__}: give a path, a PIL image or a tensor")
 
 
@@ -64,20 +68,33 @@ def describe(item: Any, index: int) -> str:
 
 
 class InputImages(Dataset):
-    """Inputs decoded and preprocessed one by one; an unreadable one is ``(index, None, reason)``."""
+    """Inputs decoded and preprocessed one by one; an unreadable one is ``(index, None, reason)``.
 
-    def __init__(self, items: Sequence[Any], preprocessing: Preprocessing) -> None:
+    Args:
+        items: paths, PIL images or tensors.
+        preprocessing: the model's.
+        exif_transpose: apply EXIF orientations (default: as ``preprocessing`` says, i.e. as the
+            model's data module read its files).
+    """
+
+    def __init__(
+        self, items: Sequence[Any], preprocessing: Preprocessing, exif_transpose: bool | None = None
+    ) -> None:
         self.items, self.preprocessing = list(items), preprocessing
+        upright = preprocessing.exif_transpose if exif_transpose is None else exif_transpose
+        self.decode = ImageDecoder(upright)  # one per run: each kind of conversion said once
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index: int) -> tuple[int, Any, Any]:
+        item = self.items[index]
         try:
-            image = as_image(self.items[index])
+            name = getattr(item, "filename", "") or describe(item, index)  # a PIL image's own file
+            image = as_image(item, self.decode, name)
         except UNREADABLE as err:
             return index, None, f"not a readable image ({err})"
-        return index, *self.preprocessing(image)
+        return index, *self.preprocessing.from_rgb(image)
 
 
 def collate(batch: list[tuple[int, Any, Any]]) -> tuple[list[int], Tensor | None, list[Placement], list]:
@@ -124,6 +141,7 @@ class RunOptions:
     top_k: int = 5
     return_layout: bool = False
     keep_images: bool = False
+    exif_transpose: bool | None = None
 
 
 def as_items(inputs: Any) -> list[Any]:
@@ -142,13 +160,9 @@ def iter_predictions(
     run = RunOptions(**options)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: must be at least 1")
-    policy = model.check_policy(run.policy)
-    if run.budget is not None and policy == "learned":
-        model.tokenizer.operating_points.check(run.budget, "budget")
-    if run.max_fraction is not None:
-        model.cap_tokens(run.max_fraction, "max_fraction")
+    model.check_call(run.budget, run.max_fraction, run.policy)  # before any image is decoded
     loader = DataLoader(
-        InputImages(items, model.preprocessing),
+        InputImages(items, model.preprocessing, run.exif_transpose),
         batch_size=batch_size,
         num_workers=num_workers,
         collate_fn=collate,
@@ -188,6 +202,30 @@ def predict_batch(
     return out
 
 
+BUDGET_TOLERANCE = 0.05  # a mean further from the budget than this is said
+
+
+def budget_note(
+    model: Any, fractions: Sequence[float], budget: float | None, policy: str | None
+) -> str | None:
+    """What to say when the images' mean token fraction misses the budget by more than
+    `BUDGET_TOLERANCE` (None otherwise). The deployed cut was calibrated on the training images; on
+    images of another kind it buys another fraction (the demo model, budget 0.5, on 1,000 real photos:
+    0.867). The uniform grid has no budget to miss."""
+    policy = model.check_policy(policy)
+    budget = model.budget if budget is None else float(budget)
+    if policy == "uniform" or not fractions:
+        return None
+    mean = sum(fractions) / len(fractions)
+    if abs(mean - budget) <= BUDGET_TOLERANCE:
+        return None
+    return (
+        f"the mean token fraction of these {len(fractions)} image(s) is {mean:.3f}, for a budget of {budget:g}: "
+        "its cut was calibrated on the training images, and these differ; `splitlab calibrate MODEL IMAGES "
+        "--out DIR` re-fits it on images like these (max_fraction / --max-fraction bounds every image)"
+    )
+
+
 def predict(model: Any, inputs: Any, **options: Any) -> list[dict[str, Any]]:
     """One result per input, in order: file paths, PIL images or ``(C, H, W)`` / ``(B, C, H, W)``
     tensors, each resized as the model's preprocessing says and its outputs mapped back to its own
@@ -204,12 +242,18 @@ def predict(model: Any, inputs: Any, **options: Any) -> list[dict[str, Any]]:
         questions: VQA: one list of questions for every image, or one list per input.
         top_k: classification: classes per result.
         return_layout: add each image's token boxes and levels.
+        exif_transpose: apply each file's EXIF orientation, as phones' portrait photos need (default:
+            as the model's data was read, ``data.exif_transpose``, on unless trained with it off).
+            Every input is decoded as the data modules decode files (`splitlab.model.images`):
+            16-bit and float images scaled by their own range, alpha and later frames dropped, said
+            once per run.
 
     Returns:
         per input: ``tokens``, ``token_fraction`` and the task's fields (classification ``class``,
         ``probability``, ``top_k``; detection ``boxes`` xyxy in the input's pixels, ``scores``,
         ``labels``, ``category_ids``, ``names``; segmentation ``mask`` (H, W); VQA ``answers``).
-        An unreadable input gives ``{"source": ..., "skipped": reason}`` with a warning.
+        An unreadable input gives ``{"source": ..., "skipped": reason}`` with a warning. A mean
+        token fraction more than 0.05 from the budget is warned about (`budget_note`).
     """
     out: list[dict[str, Any]] = []
     for prediction in iter_predictions(model, inputs, **options):
@@ -218,4 +262,8 @@ def predict(model: Any, inputs: Any, **options: Any) -> list[dict[str, Any]]:
             out.append({"source": prediction.source, "skipped": prediction.skipped})
         else:
             out.append(prediction.result)
+    fractions = [r["token_fraction"] for r in out if "token_fraction" in r]
+    note = budget_note(model, fractions, options.get("budget"), options.get("policy"))
+    if note:
+        warnings.warn(note, stacklevel=3)  # the caller of model.predict
     return out

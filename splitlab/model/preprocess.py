@@ -3,7 +3,8 @@
 One value object, `Preprocessing`, is the contract between image files and the network: the data
 modules build their evaluation transforms from it, the model stores it (``config.json`` and the
 checkpoint), and ``predict`` applies it to any file. So predictions on raw files see exactly the
-pixels ``lightning validate`` saw, and outputs can be mapped back to each input's own pixels.
+pixels ``lightning validate`` saw, and outputs can be mapped back to each input's own pixels. Files
+become RGB pixels in one place, `splitlab.model.images.decode_image`, for the readers and predict alike.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from PIL import Image
 from torch import Tensor
 from torchvision import tv_tensors
 from torchvision.transforms import v2
+
+from splitlab.model.images import decode_image
 
 RESIZES = ("crop", "letterbox")
 LETTERBOX_FILTERS = ("bilinear", "bicubic")  # torchvision's antialiased tensor resizes
@@ -86,6 +89,8 @@ class Preprocessing:
         pad: where the letterbox pads: ``corner`` (bottom/right) or ``centre``.
         pad_fill: ``mean`` (padding added after normalising: zeros, the mean colour) or ``black``
             (pixels 0, added before normalising, as the ADE20K transform pads image and mask).
+        exif_transpose: files are read upright by their EXIF orientation (the data modules'
+            ``exif_transpose``): here so that predict reads files as the model's training data was read.
     """
 
     size: int
@@ -96,6 +101,7 @@ class Preprocessing:
     crop_pct: float = 1.0
     pad: str = "corner"
     pad_fill: str = "mean"
+    exif_transpose: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
@@ -109,6 +115,8 @@ class Preprocessing:
                 raise ValueError(f"preprocessing {name}={value!r}: expected one of {allowed}")
         if int(self.size) < 1:
             raise ValueError(f"preprocessing size={self.size}: must be positive")
+        if not isinstance(self.exif_transpose, bool):
+            raise ValueError(f"preprocessing exif_transpose={self.exif_transpose!r}: expected true or false")
         if self.resize == "letterbox" and self.interpolation not in LETTERBOX_FILTERS:
             raise ValueError(
                 f"preprocessing interpolation={self.interpolation!r}: the letterbox resizes with one of "
@@ -180,6 +188,11 @@ class Preprocessing:
         return Placement(width, height, self.size / long, left, top, (new_h, new_w))
 
     def __call__(self, image: Image.Image) -> tuple[Tensor, Placement]:
-        """One RGB image -> its network input and placement."""
-        image = image.convert("RGB")
+        """One PIL image of any mode (decoded as the readers decode files: `decode_image`, upright as
+        ``exif_transpose`` says) -> its network input and placement."""
+        return self.from_rgb(decode_image(image, self.exif_transpose))
+
+    def from_rgb(self, image: Image.Image) -> tuple[Tensor, Placement]:
+        """One image `decode_image` gave (8-bit RGB, already upright or not) -> its network input and
+        placement."""
         return self.image_transform(image), self.placement(image.width, image.height)

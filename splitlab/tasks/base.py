@@ -17,11 +17,11 @@ from splitlab.model import SplitModel, model_settings
 from splitlab.model.base import TRAINED_POLICIES as POLICIES
 from splitlab.rl import BudgetSampler, FractionController, PPOConfig
 from splitlab.tasks.calibration import Calibration
-from splitlab.tasks.evaluation import PolicyEvaluation, slot
+from splitlab.tasks.evaluation import PolicyEvaluation, check_baselines, slot
 from splitlab.tasks.renamed import adopt_renamed
 from splitlab.tasks.state import SamplingStream, TaskState
-from splitlab.tasks.training import LABEL_TARGETS, Stage, StageTraining
-from splitlab.tokenizer import BASELINES, LabelEmbedding, Levels, SplitTokenizer, TokenLayout
+from splitlab.tasks.training import Stage, StageTraining, check_warm_start
+from splitlab.tokenizer import LabelEmbedding, Levels, SplitTokenizer, TokenLayout
 
 
 class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, LightningModule):
@@ -33,7 +33,7 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
 
     A task overrides ``model_class`` (its head), `build_metrics`, `per_image_loss` and
     `update_metrics`; where its batches or outputs differ, `unpack_batch`, `repeat_targets`,
-    `finish_outputs`, `finish_results`, `describe_prediction` and `rebuilt_keys`.
+    `annotated_cells`, `finish_outputs`, `finish_results`, `describe_prediction` and `rebuilt_keys`.
 
     The parts, each in its own file, use only what this class defines and Lightning's API, never
     each other (tests/tasks/test_task_parts.py): `StageTraining` (the training step of each stage,
@@ -65,6 +65,7 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         calibration_images: int = 512,
         decision_dim: int = 128,
         decision_heads: int = 4,
+        decision_context: str = "children",
         attn_backend: str = "auto",
         lr: float = 1e-4,
         weight_decay: float = 0.05,
@@ -72,9 +73,11 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         policy_lr: float = 3e-4,
         imitation_lr: float = 1e-3,
         imitation_weight: float = 1.0,
+        imitation_steps: int = 1,
         teacher_forcing: float = 0.5,
         warm_start_finetune: bool = True,
         label_target: str = "initial",
+        label_source: str = "embedding",
         grad_clip: float = 1.0,
         ppo: PPOConfig | None = None,
         lambda_lr: float = 0.1,
@@ -107,6 +110,8 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
                 of a fit (0: the running average of training batches only).
             decision_dim: width of the decision module.
             decision_heads: heads of its cross-attention.
+            decision_context: what a patch's decision reads: its ``children`` (the paper's) or its
+                ``descendants`` (also the finest patches under it, the detail they alone resolve).
             attn_backend: packed-attention backend (``auto`` picks the fastest available).
             lr: learning rate of backbone, head and embeddings (dense and warm-start stages).
             weight_decay: AdamW weight decay (not on biases, norms, tokens and position embeddings).
@@ -114,12 +119,15 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
             policy_lr: learning rate of the decision module in PPO (small: λ must keep up).
             imitation_lr: learning rate of the decision module in the warm start.
             imitation_weight: weight of the warm-start BCE.
+            imitation_steps: decision-module updates per warm-start batch (the extra ones re-run it alone).
             teacher_forcing: share of warm-start images laid out by the imitation labels instead of
                 a sample of the policy.
             warm_start_finetune: fine-tune backbone, head and embeddings in the warm start (the
                 paper); false trains the decision module alone.
             label_target: the patch embedding the imitation labels read: ``initial`` (a frozen copy
                 as the warm start began) or ``live`` (the one being fine-tuned).
+            label_source: what the warm start imitates: ``embedding`` differences (the paper's) or
+                ``annotations`` (the oracle's layout from the data's boxes or masks: `annotated_cells`).
             grad_clip: gradient-norm clip of the task update.
             ppo: PPO settings.
             lambda_lr: integral step of the fraction controller.
@@ -132,7 +140,7 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
                 coarse to fine (APT lists them fine to coarse); null: cuts that meet ``target_fraction``.
             apt_search: how those cuts are set: ``metric`` (the lowest task loss at the budget on the
                 calibration sample) or ``quantile`` (the same share of every level split).
-            eval_baselines: baselines evaluated beside the learned layout at its realised fraction.
+            eval_baselines: rows beside the learned layout at its fraction (``oracle``: the annotations').
             init_checkpoint: weights to start from (a splitlab checkpoint, e.g. a ``dense`` run).
             sampling_seed: seed of the policy's sampling generator (its state is checkpointed).
         """
@@ -143,17 +151,12 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         self.automatic_optimization = False
         if policy not in POLICIES:
             raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
-        if label_target not in LABEL_TARGETS:
-            raise ValueError(f"label_target={label_target!r}: expected one of {LABEL_TARGETS}")
         if policy != "learned" and budgets is not None:
             raise ValueError(
                 f"budgets={list(budgets)} needs policy='learned' (a {policy} layout reads no budget)"
             )
-        unknown = [b for b in eval_baselines if b not in BASELINES]
-        if unknown:
-            raise ValueError(
-                f"eval_baselines={list(eval_baselines)}: unknown {unknown}; choose from {BASELINES}"
-            )
+        check_warm_start(label_target, label_source, imitation_steps)
+        check_baselines(eval_baselines)
         self.ppo = ppo or PPOConfig()
         self.stage: Stage = "warm_start"
         self.sampling = SamplingStream(sampling_seed)
@@ -234,6 +237,11 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     ) -> None:
         """Feed one batch (and the layout it was computed on) to a metric collection."""
         raise NotImplementedError
+
+    def annotated_cells(self, batch: Any, grid: tuple[int, int]) -> Tensor | None:
+        """``(B, rows, cols)`` bool: the finest cells a batch's annotations (boxes, masks) say need finest
+        tokens, or None (the default); the ``oracle`` row and ``label_source: annotations`` read it."""
+        return None
 
     # ----------------------------------------------------------------------------- forward
     def forward_layout(self, layout: TokenLayout) -> Any:

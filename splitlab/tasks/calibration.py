@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Subset
 
 from splitlab.data import SeededIndex
 from splitlab.lightning_private import attached_trainer
-from splitlab.tokenizer import calibrate_threshold, entropy_scores, level_thresholds
+from splitlab.tokenizer import entropy_scores, level_thresholds
 from splitlab.tokenizer.baselines import (
     APT_SEARCHES,
     check_entropy_thresholds,
@@ -47,11 +47,7 @@ class Calibration:
                     "(model.init_args.budgets: [lowest, highest]) to serve others"
                 )
             self.tokenizer.operating_points.check(budget, "eval_budgets")
-            if hp.max_fraction is not None and budget > hp.max_fraction + 1e-9:
-                raise ValueError(
-                    f"eval_budgets={budget:g} is above max_fraction={hp.max_fraction:g}: the cap holds every image "
-                    "below that budget, so it cannot be met; evaluate budgets up to max_fraction"
-                )
+            self.model.check_cap(hp.max_fraction, budget, "eval_budgets")
 
     @torch.no_grad()
     def recalibrate(self) -> None:
@@ -105,10 +101,9 @@ class Calibration:
                 self.set_apt_cuts(sample, entropies)
         if not learned:
             return
-        for point, budget in enumerate(points.budgets.tolist()):
+        for point in range(len(points.budgets)):
             per_level = [torch.cat(level) for level in zip(*logits[point], strict=True)]
-            points.set(point, calibrate_threshold(per_level, budget), self.mean_over_ranks)
-            points.record_spread(point, per_level, self.mean_over_ranks)  # any cap meets it too
+            points.fit(point, per_level, self.mean_over_ranks)  # the cut and the spread: any cap meets it too
 
     # ----------------------------------------------------------------------------- APT trained in the pipeline
     def check_apt(self) -> None:

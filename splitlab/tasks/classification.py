@@ -9,6 +9,7 @@ from torch import Tensor
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from splitlab.data.objects import box_cells
 from splitlab.model import SplitClassifier
 from splitlab.tasks.base import SplitTask
 from splitlab.tokenizer import TokenLayout
@@ -63,6 +64,14 @@ class ClassificationTask(SplitTask):
         self, metrics: MetricCollection, outputs: Tensor, targets: Tensor, layout: TokenLayout
     ) -> None:
         metrics.update(outputs.float(), targets)
+
+    def annotated_cells(self, batch: Any, grid: tuple[int, int]) -> Tensor | None:
+        """The finest cells the image's object box touches, where the data gives boxes
+        (``data.init_args.objects``: batches ``(images, labels, boxes)``)."""
+        boxes = batch[2] if isinstance(batch, list | tuple) and len(batch) > 2 else None
+        if not isinstance(boxes, Tensor) or boxes.shape[-1:] != (4,):
+            return None
+        return box_cells(boxes.float(), self.levels.finest, grid)
 
     def describe_prediction(self, outputs: Tensor, index: int, target: Any = None) -> dict[str, Any]:
         probs = outputs[index].float().softmax(-1)

@@ -10,7 +10,7 @@ from torch import Tensor
 from torchmetrics import MetricCollection
 
 from splitlab.heads import without_crowd
-from splitlab.metrics import coco_truth, detection_metrics, instance_label_map
+from splitlab.metrics import cell_classes, coco_truth, detection_metrics, instance_label_map
 from splitlab.model import SplitDetector
 from splitlab.tasks.dense import DenseTask
 from splitlab.tokenizer import TokenLayout
@@ -102,6 +102,15 @@ class DetectionTask(DenseTask):
             size = tuple(h * self.levels.finest for h in layout.grid_size)
             maps = [instance_label_map(t["boxes"], t["labels"], size, t.get("masks")) for t in targets]
             metrics["coverage"].update(layout, torch.stack(maps))
+
+    def annotated_cells(self, batch: Any, grid: tuple[int, int]) -> Tensor:
+        """The finest cells an object (its mask where loaded, else its box) touches: what the
+        coverage metric counts as object cells."""
+        _, targets = self.unpack_batch(batch)
+        cell = self.levels.finest
+        size = (grid[0] * cell, grid[1] * cell)
+        maps = [instance_label_map(t["boxes"], t["labels"], size, t.get("masks")) for t in targets]
+        return cell_classes(torch.stack(maps), cell, -1, (0,))[0]
 
     def describe_prediction(self, outputs: dict[str, Any], index: int, target: Any = None) -> dict[str, Any]:
         """The image's detections above 0.5, in the original image's pixels (the letterbox's scale undone)."""

@@ -5,10 +5,22 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
 from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
 
 from splitlab.metrics import timed
 from splitlab.report import format_table, summary_record, write_summary
+from splitlab.tokenizer import BASELINES, TokenLayout, annotation_labels
+
+EVAL_BASELINES = (*BASELINES, "oracle")  # the oracle reads the annotations: a row, never a deployed policy
+
+
+def check_baselines(eval_baselines: list[str]) -> None:
+    """Refuse an evaluation baseline that does not exist, naming those that do."""
+    unknown = [b for b in eval_baselines if b not in EVAL_BASELINES]
+    if unknown:
+        raise ValueError(f"eval_baselines={eval_baselines}: unknown {unknown}; choose from {EVAL_BASELINES}")
 
 
 def slot(name: str) -> str:
@@ -73,10 +85,30 @@ class PolicyEvaluation:
                 if policy == self.deployed_policy or (suffix and policy == "uniform"):
                     continue
                 with timed(images.device) as elapsed:
-                    out, base = self(images, policy=policy, budget=realised, seed=batch_idx)
+                    if policy == "oracle":
+                        base = self.oracle_layout(images, batch, realised, batch_idx)
+                        out = self.forward_layout(base)
+                    else:
+                        out, base = self(images, policy=policy, budget=realised, seed=batch_idx)
                     out = self.finish_outputs(out, targets)
                 self._record(stats[slot(policy + suffix)], out, targets, base, elapsed())
         return {"images": images, "layout": first} if batch_idx == 0 else {}
+
+    def oracle_layout(self, images: Tensor, batch: Any, budget: float, seed: int) -> TokenLayout:
+        """The ``oracle`` row's layout: finest tokens where the annotations are, as many as ``budget``
+        buys on this batch (`annotation_labels`), through the tokenizer's walk like every other row.
+        An upper bound, not a policy: it reads the labels."""
+        grid = self.levels.grid(self.levels.num - 1, tuple(images.shape[-2:]))
+        cells = self.annotated_cells(batch, grid)
+        if cells is None:
+            raise ValueError(
+                "eval_baselines includes oracle, but this data's targets say nothing about where the objects "
+                f"are ({type(self).__name__}): drop oracle from model.init_args.eval_baselines"
+            )
+        generator = torch.Generator(images.device).manual_seed(seed)
+        decisions, _ = annotation_labels(cells.to(images.device), self.levels, budget, generator)
+        scores = [d.float() for d in decisions]
+        return self.tokenizer(images, self.backbone, mode="scores", scores=scores, threshold=0.5)
 
     def finish_results(self, results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
         """Each policy's computed metrics, before they are logged and tabulated (the labelled-pixel
@@ -137,6 +169,8 @@ class PolicyEvaluation:
         )
         self.log(f"{split}/fraction", learned["token_fraction_mean"], prog_bar=True)
         self.log(f"{split}/fraction_std", learned["token_fraction_std"], prog_bar=True)
+        if "object_fine_coverage" in learned:  # where the fine tokens went, epoch by epoch
+            self.log(f"{split}/object_fine_coverage", learned["object_fine_coverage"])
         self.log("lambda", self.controller.value_at(self.target_fraction), prog_bar=True)
         for policy, values in results.items():
             if policy != "learned":
@@ -178,7 +212,8 @@ class PolicyEvaluation:
         images, targets = self.unpack_batch(batch) if sequence else (batch, None)
         if layout is None:
             outputs, layout = self(images, seed=batch_idx)
-        sources = batch[2] if sequence and len(batch) > 2 else [{} for _ in range(layout.batch_size)]
+        # the data module's collate appends the sources last (after the boxes of classification data)
+        sources = batch[-1] if sequence and len(batch) > 2 else [{} for _ in range(layout.batch_size)]
         fractions = layout.fraction.tolist()
         records = []
         for i, tokens in enumerate(layout.token_boxes()):

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
 from splitlab.lightning_private import attached_trainer, syncs_batchnorm
-from splitlab.metrics import FineCoverage
+from splitlab.metrics import FineCoverage, cell_classes
 from splitlab.model import SplitSegmenter
 from splitlab.tasks.dense import DenseTask
 from splitlab.tokenizer import TokenLayout
@@ -107,6 +108,17 @@ class SegmentationTask(DenseTask):
         metrics["miou"].update(preds, targets)
         metrics["pixel_accuracy"].update(preds, targets)
         metrics["coverage"].update(layout, targets)
+
+    def annotated_cells(self, batch: Any, grid: tuple[int, int]) -> Tensor:
+        """The finest cells on an object (a class not in ``background_classes``) or on a class
+        boundary: the cells the coverage metric counts, where a coarse token blurs the answer."""
+        _, targets = self.unpack_batch(batch)
+        cell, hp = self.levels.finest, self.hparams
+        size = (grid[0] * cell, grid[1] * cell)
+        if tuple(targets.shape[-2:]) != size:
+            targets = F.interpolate(targets[:, None].float(), size=size, mode="nearest")[:, 0].long()
+        is_object, boundary = cell_classes(targets, cell, hp.ignore_index, hp.background_classes)
+        return is_object | boundary
 
     def finish_results(self, results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
         """Masks without a labelled pixel define no mIoU, accuracy or coverage: null, said once."""

@@ -113,6 +113,21 @@ class TaskState:
                 f"data.init_args.img_size={size} differs from the model's input size {height}x{width} "
                 "(model.init_args.backbone_kwargs.img_size): set both to the same size"
             )
+        hp = self.hparams
+        wanted = [
+            setting
+            for setting, asks in (
+                ("label_source=annotations", hp.label_source == "annotations"),
+                ("eval_baselines with oracle", "oracle" in hp.eval_baselines),
+            )
+            if asks
+        ]
+        if wanted and not getattr(datamodule, "object_annotations", False):
+            raise ValueError(
+                f"model.init_args.{' and '.join(wanted)} need annotations that say where the objects are, and "
+                f"this data gives none to {type(self).__name__} (classification: data.init_args.objects, a "
+                "file of object boxes); drop the setting or give the annotations"
+            )
         classes, mine = getattr(datamodule, "num_classes", None), self.num_classes
         if classes and mine is not None and int(classes) != int(mine):
             raise ValueError(

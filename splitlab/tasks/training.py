@@ -14,10 +14,23 @@ from torch import Tensor
 from splitlab.lightning_private import attached_trainer
 from splitlab.rl import advantages, ppo_policy_loss
 from splitlab.tasks.optimization import Optimization
-from splitlab.tokenizer import calibrate_threshold, fraction_of, policy, warm_start_labels
+from splitlab.tokenizer import annotation_labels, calibrate_threshold, fraction_of, policy, warm_start_labels
 
 Stage = Literal["dense", "warm_start", "ppo"]
 LABEL_TARGETS = ("initial", "live")
+LABEL_SOURCES = ("embedding", "annotations")
+
+
+def check_warm_start(label_target: str, label_source: str, imitation_steps: int) -> None:
+    """Refuse warm-start settings that name no label target or source, or no update."""
+    if label_target not in LABEL_TARGETS:
+        raise ValueError(f"label_target={label_target!r}: expected one of {LABEL_TARGETS}")
+    if label_source not in LABEL_SOURCES:
+        raise ValueError(f"label_source={label_source!r}: expected one of {LABEL_SOURCES}")
+    if imitation_steps < 1:
+        raise ValueError(f"imitation_steps={imitation_steps} must be at least 1")
+
+
 STAGES = ("dense", "warm_start", "ppo")
 
 
@@ -63,7 +76,7 @@ class StageTraining(Optimization):
         if self.stage == "ppo":
             stats = self.ppo_step(images, targets)
         else:
-            stats = self.supervised_step(images, targets)
+            stats = self.supervised_step(images, targets, batch)
         batch_size = images.shape[0]
         self.log_dict({f"train/{k}": v for k, v in stats.items()}, batch_size=batch_size)
         self.log(
@@ -71,7 +84,7 @@ class StageTraining(Optimization):
         )
         return stats["loss"]
 
-    def supervised_step(self, images: Tensor, targets: Any) -> dict[str, Tensor]:
+    def supervised_step(self, images: Tensor, targets: Any, batch: Any = None) -> dict[str, Tensor]:
         """Dense or warm-start step: task loss on layouts (+ imitation BCE in the warm start)."""
         task_opt, policy_opt = self.optimizers()
         task_sched = self.lr_schedulers()
@@ -88,15 +101,11 @@ class StageTraining(Optimization):
         else:
             point, budget = self.step_budget()
             logits = self.tokenizer.decision_logits(tokens, budget)
-            labels, _ = warm_start_labels(self.label_content(images), self.levels, budget)
-            imitation = sum(
-                F.binary_cross_entropy_with_logits(lg.float(), lab.float(), reduction="sum")
-                for lg, lab in zip(logits, labels, strict=True)
-            ) / sum(lab.numel() for lab in labels)
+            labels = self.imitation_labels(images, batch, budget)
+            imitation = self.imitation_loss(logits, labels)
             # The backbone fine-tunes on a mix of label layouts and policy samples (see there why).
             layout = self.warm_start_layout(tokens, logits, labels)
             stats["deployed_fraction"] = self.calibrate(logits, point, budget).mean()
-            stats["imitation"] = imitation.detach()
             stats["label_agreement"] = torch.stack(
                 [((lg > 0) == lab).float().mean() for lg, lab in zip(logits, labels, strict=True)]
             ).mean()
@@ -117,6 +126,9 @@ class StageTraining(Optimization):
             task_sched.step()
         if imitation is not None:
             policy_opt.step()
+            for _ in range(self.hparams.imitation_steps - 1):
+                imitation = self.imitation_update(tokens, labels, budget, policy_opt)
+            stats["imitation"] = imitation.detach()
             self.budget_sampler.update(point, task_loss.detach(), self.mean_over_ranks)
         stats.update(loss=loss.detach(), task_loss=task_loss.detach(), fraction=layout.fraction.mean())
         return stats
@@ -143,6 +155,41 @@ class StageTraining(Optimization):
         )
         cut = self.tokenizer.operating_points.cuts[point]
         return fraction_of([lg > cut for lg in logits])
+
+    @staticmethod
+    def imitation_loss(logits: Sequence[Tensor], labels: Sequence[Tensor]) -> Tensor:
+        """The warm start's BCE of the split logits against the labels, over every patch of every level."""
+        total = sum(
+            F.binary_cross_entropy_with_logits(lg.float(), lab.float(), reduction="sum")
+            for lg, lab in zip(logits, labels, strict=True)
+        )
+        return total / sum(lab.numel() for lab in labels)
+
+    def imitation_update(
+        self, tokens: Sequence[Tensor], labels: Sequence[Tensor], budget: float, policy_opt: Any
+    ) -> Tensor:
+        """One more update of the decision module alone on a warm-start batch (``imitation_steps``):
+        the embeddings and labels are the batch's, only the small module runs again."""
+        imitation = self.imitation_loss(
+            self.tokenizer.decision_logits([t.detach() for t in tokens], budget), labels
+        )
+        policy_opt.zero_grad()
+        self.backward_synced(self.hparams.imitation_weight * imitation, [policy_opt])
+        policy_opt.step()
+        return imitation
+
+    def imitation_labels(self, images: Tensor, batch: Any, budget: float) -> list[Tensor]:
+        """The warm start's split labels at ``budget`` (``label_source``): from embedding differences
+        (the paper's), or the oracle's layout from the batch's annotations."""
+        if self.hparams.label_source == "annotations":
+            grid = self.levels.grid(self.levels.num - 1, tuple(images.shape[-2:]))
+            cells = self.annotated_cells(batch, grid)
+            if cells is None:
+                raise ValueError(
+                    f"label_source=annotations: this batch gives no annotations ({type(self).__name__})"
+                )
+            return annotation_labels(cells.to(images.device), self.levels, budget, self.generator)[0]
+        return warm_start_labels(self.label_content(images), self.levels, budget)[0]
 
     def label_content(self, images: Tensor) -> list[Tensor]:
         """The patch-content embeddings the imitation labels read (``label_target``): a frozen copy of

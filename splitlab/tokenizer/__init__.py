@@ -21,7 +21,13 @@ from splitlab.tokenizer.baselines import (
 )
 from splitlab.tokenizer.decision import SplitDecision
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed
-from splitlab.tokenizer.labels import LabelEmbedding, embedding_difference_scores, warm_start_labels
+from splitlab.tokenizer.labels import (
+    LabelEmbedding,
+    annotation_labels,
+    annotation_scores,
+    embedding_difference_scores,
+    warm_start_labels,
+)
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
 from splitlab.tokenizer.operating_points import OperatingPoints, budget_points
@@ -47,6 +53,8 @@ __all__ = [
     "SplitDecision",
     "SplitTokenizer",
     "TokenLayout",
+    "annotation_labels",
+    "annotation_scores",
     "baseline_scores",
     "budget_points",
     "build_layout",

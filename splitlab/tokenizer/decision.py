@@ -22,6 +22,12 @@ class SplitDecision(nn.Module):
     MLP of the budget gives a FiLM scale and shift of the MLP's input (zero-initialised, so the
     module starts as the unconditioned one), and one policy learns where tokens go at every
     budget of its range.
+
+    With ``see_descendants`` a parent two or more levels above the finest also attends to every
+    finest-level patch it covers (the paper's module sees the four children only). A coarse patch's
+    children are themselves downsampled, so detail that only the finest patches resolve (a 2 px
+    pattern under a 32 px patch) is invisible to the coarse decision without it; the finest
+    embeddings are computed for every patch anyway, so the module reads them at no backbone cost.
     """
 
     def __init__(
@@ -31,6 +37,7 @@ class SplitDecision(nn.Module):
         num_heads: int = 4,
         mlp_ratio: float = 2.0,
         budget_conditioned: bool = False,
+        see_descendants: bool = False,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -42,6 +49,10 @@ class SplitDecision(nn.Module):
         self.key_value = nn.Linear(embed_dim, 2 * dim)
         self.quadrant = nn.Parameter(torch.zeros(4, dim))
         nn.init.trunc_normal_(self.quadrant, std=0.02)
+        self.descendant: nn.Parameter | None = None  # marks the finest patches among the keys
+        if see_descendants:
+            self.descendant = nn.Parameter(torch.zeros(1, dim))
+            nn.init.trunc_normal_(self.descendant, std=0.02)
         self.mlp = Mlp(2 * dim, hidden_features=int(mlp_ratio * dim), out_features=1)
         self.budget_film: nn.Module | None = None
         if budget_conditioned:
@@ -53,13 +64,25 @@ class SplitDecision(nn.Module):
     def budget_conditioned(self) -> bool:
         return self.budget_film is not None
 
-    def forward(self, parent: Tensor, children: Tensor, budget: Tensor | None = None) -> Tensor:
+    @property
+    def sees_descendants(self) -> bool:
+        return self.descendant is not None
+
+    def forward(
+        self,
+        parent: Tensor,
+        children: Tensor,
+        budget: Tensor | None = None,
+        descendants: Tensor | None = None,
+    ) -> Tensor:
         """Split logits.
 
         Args:
             parent: ``(B, N, D)`` parent embeddings.
             children: ``(B, N, 4, D)`` the parents' children embeddings.
             budget: ``(B,)`` token budget of each image (budget-conditioned modules only).
+            descendants: ``(B, N, M, D)`` the finest-level patches under each parent, further keys
+                (modules built with ``see_descendants`` only; None for parents of finest patches).
 
         Returns:
             ``(B, N)`` logits; ``sigmoid`` gives p(split).
@@ -72,6 +95,12 @@ class SplitDecision(nn.Module):
         q = self.query(self.norm(parent))  # (..., dim)
         k, v = self.key_value(self.norm(children)).chunk(2, dim=-1)  # (..., 4, dim)
         k = k + self.quadrant.to(k.dtype)
+        if descendants is not None:
+            if self.descendant is None:
+                raise ValueError("descendants given to a decision module built without see_descendants")
+            dk, dv = self.key_value(self.norm(descendants.detach())).chunk(2, dim=-1)  # (..., M, dim)
+            k = torch.cat([k, dk + self.descendant.to(dk.dtype)], dim=-2)
+            v = torch.cat([v, dv], dim=-2)
         heads = (*q.shape[:-1], self.num_heads, self.head_dim)
         qh = q.view(heads)
         kh = k.view(*k.shape[:-1], self.num_heads, self.head_dim)

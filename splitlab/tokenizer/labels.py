@@ -1,4 +1,6 @@
-"""Warm-start split labels from parent-child embedding differences (what the decision module imitates first)."""
+"""Warm-start split labels (what the decision module imitates first): from parent-child embedding
+differences (the paper's), or from the annotations where the data has them (boxes, masks), which also
+give the ``oracle`` layout every comparison shows as its upper bound."""
 
 from __future__ import annotations
 
@@ -7,11 +9,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from splitlab.tokenizer.baselines import calibrate_threshold
 from splitlab.tokenizer.embed import space_to_depth
 from splitlab.tokenizer.levels import Levels
+from splitlab.tokenizer.quadtree import upsample2
 
 
 @torch.no_grad()
@@ -81,3 +85,44 @@ class LabelEmbedding(nn.Module):
         """``(B, C, h*p, w*p)`` -> ``(B, h, w, D)``, as the backbone's ``embed_patches`` did at `take`."""
         x = self.patch_embed.proj(images).permute(0, 2, 3, 1)
         return self.patch_embed.norm(x)
+
+
+def annotation_scores(cells: Tensor, levels: Levels) -> list[Tensor]:
+    """Where the annotations say a patch must split, per non-finest level ``(B, h_k, w_k)``.
+
+    ``cells`` ``(B, Hf, Wf)`` marks the finest-grid cells that should get finest tokens (an object's
+    box or mask, a class boundary). A patch holding any marked cell scores 1 plus the share of its
+    cells that are marked (the fuller first when the budget cannot buy them all), one holding none
+    scores 0; a child never scores above its parent, so one cut splits a valid quadtree top-down.
+    """
+    marked = cells.float()[:, None]
+    scores, ceiling = [], None
+    for k in range(levels.num - 1):
+        side = levels.cells(k)
+        share = F.avg_pool2d(marked, side)[:, 0]
+        score = torch.where(share > 0, 1.0 + share, torch.zeros_like(share))
+        if ceiling is not None:
+            score = torch.minimum(score, upsample2(ceiling))
+        scores.append(score)
+        ceiling = score
+    return scores
+
+
+@torch.no_grad()
+def annotation_labels(
+    cells: Tensor, levels: Levels, target: float, generator: torch.Generator | None = None
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The oracle's split decisions at ``target`` on this batch: marked patches first (`annotation_scores`),
+    ties (the unmarked background, patches as full as each other) broken at random, cut where the
+    batch's mean token fraction meets ``target``. What the ``oracle`` evaluation row deploys and
+    what ``label_source: annotations`` warm-starts the decision module on.
+
+    Returns:
+        per non-finest level ``(B, h_k, w_k)`` bool decisions, and the scores they were cut from.
+    """
+    scores = annotation_scores(cells, levels)
+    noisy = [
+        s + 1e-3 * torch.rand(s.shape, generator=generator, device=s.device, dtype=s.dtype) for s in scores
+    ]
+    cut = calibrate_threshold(noisy, levels.check_fraction(target))
+    return [s > cut for s in noisy], noisy

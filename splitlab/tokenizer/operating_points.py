@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from splitlab.tokenizer.baselines import calibrate_threshold
 from splitlab.tokenizer.quadtree import fractions_at
 
 SPREAD_CUTS = 64  # cuts per point at which the calibration sample's fractions are kept
@@ -81,13 +82,22 @@ class OperatingPoints(nn.Module):
         return bool((self.counts > 0).all())
 
     def check(self, budget: float, setting: str = "target_fraction") -> float:
-        """``budget`` if the policy was trained for it, else a ValueError naming the trained range."""
+        """``budget`` if the policy was trained for it, else a ValueError naming the trained range and
+        the fix that fits: a budget-conditioned policy serves its range only (pick within it, or
+        retrain with a wider one); a policy of one budget needs a conditioned one to serve others."""
         lo, hi = self.range
         if not lo - 1e-6 <= float(budget) <= hi + 1e-6:
-            trained = f"[{lo:g}, {hi:g}]" if hi > lo else f"{lo:g} only"
+            if hi > lo:
+                fix = (
+                    f"pick a budget from {lo:g} to {hi:g}, or retrain with a range that holds "
+                    f"{float(budget):g} (model.init_args.budgets: [lowest, highest])"
+                )
+                trained = f"[{lo:g}, {hi:g}] (a budget-conditioned policy)"
+            else:
+                fix = "train a budget-conditioned policy (model.init_args.budgets: [lowest, highest]) to serve others"
+                trained = f"{lo:g} only"
             raise ValueError(
-                f"{setting}={float(budget):g}: this policy was trained for budgets {trained}; "
-                "train a budget-conditioned policy (model.init_args.budgets: [lowest, highest]) to serve others"
+                f"{setting}={float(budget):g}: this policy was trained for budgets {trained}; {fix}"
             )
         return float(budget)
 
@@ -146,6 +156,17 @@ class OperatingPoints(nn.Module):
         self.spread_cuts[point] = self._reduced(grid, reduce)
         self.spread[point] = self._reduced(spread, reduce)
         self.spread_counts[point] += 1
+
+    @torch.no_grad()
+    def fit(
+        self, point: int, logits: Sequence[Tensor], reduce: Callable[[Tensor], Tensor] | None = None
+    ) -> None:
+        """Set point ``point`` from a whole calibration sample (``logits`` per non-finest level,
+        ``(N, h, w)``): the cut whose layouts meet its budget on the sample, and the sample's spread,
+        so that any cap given later meets it too. Training sets every point so before each
+        validation; `splitlab.model.calibrate` on a user's own images."""
+        self.set(point, calibrate_threshold(logits, float(self.budgets[point])), reduce)
+        self.record_spread(point, logits, reduce)
 
     def capped_cuts(self, cap: float, exact: Tensor) -> Tensor:
         """Per point, the cut at which the calibration sample's layouts, each capped at ``cap``, meet

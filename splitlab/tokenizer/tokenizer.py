@@ -21,6 +21,17 @@ Mode = Literal["sample", "threshold", "labels", "scores"]
 MODES = ("sample", "threshold", "labels", "scores")
 
 
+def finest_under(finest: Tensor, side: int) -> Tensor | None:
+    """``(B, h*w, side*side, D)``: the finest patches under each parent of ``side`` x ``side`` finest
+    cells, from the finest level ``(B, h*side, w*side, D)``; None when they are its children (``side`` 2)."""
+    if side <= 2:
+        return None
+    b, hf, wf, d = finest.shape
+    h, w = hf // side, wf // side
+    grouped = finest.view(b, h, side, w, side, d).permute(0, 1, 3, 2, 4, 5)
+    return grouped.reshape(b, h * w, side * side, d)
+
+
 class SplitTokenizer(nn.Module):
     """The SPLIT tokenizer: learned, per-patch, per-level decisions to refine coarse patches.
 
@@ -45,6 +56,7 @@ class SplitTokenizer(nn.Module):
         decision_dim: int = 128,
         decision_heads: int = 4,
         budgets: Sequence[float] = (),
+        see_descendants: bool = False,
     ) -> None:
         super().__init__()
         self.levels = Levels.build(levels)
@@ -57,7 +69,11 @@ class SplitTokenizer(nn.Module):
             self.levels.check_fraction(b, "budgets")
         self.embed = MultiScalePatchEmbed(embed_dim, self.levels)
         self.decision = SplitDecision(
-            embed_dim, decision_dim, decision_heads, budget_conditioned=len(budgets) > 1
+            embed_dim,
+            decision_dim,
+            decision_heads,
+            budget_conditioned=len(budgets) > 1,
+            see_descendants=see_descendants,
         )
         self.operating_points = OperatingPoints(list(budgets) or [1.0])
 
@@ -87,9 +103,16 @@ class SplitTokenizer(nn.Module):
         condition = (
             self.budget_of(budget, tokens[0].shape[0], tokens[0].device) if self.budget_conditioned else None
         )
-        logits = self.decision(torch.cat(parents, 1), torch.cat(children, 1), condition)
-        sizes = [p.shape[1] for p in parents]
-        return [chunk.view(t.shape[:3]) for chunk, t in zip(logits.split(sizes, 1), tokens[:-1], strict=True)]
+        if not self.decision.sees_descendants:  # one call for every level: the keys are 4 children each
+            logits = self.decision(torch.cat(parents, 1), torch.cat(children, 1), condition)
+            sizes = [p.shape[1] for p in parents]
+            chunks = logits.split(sizes, 1)
+        else:  # a level's parents cover 4^(levels below) finest patches: one call per level
+            chunks = [
+                self.decision(p, c, condition, finest_under(tokens[-1], self.levels.cells(k)))
+                for k, (p, c) in enumerate(zip(parents, children, strict=True))
+            ]
+        return [chunk.view(t.shape[:3]) for chunk, t in zip(chunks, tokens[:-1], strict=True)]
 
     def decide(
         self,

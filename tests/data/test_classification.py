@@ -121,3 +121,75 @@ def test_on_a_flat_background_the_object_is_the_only_busy_region() -> None:
             assert off.max() == 0 and on.min() > 0
         else:
             assert off.min() > on.median() + 2
+
+
+def test_folders_and_hf_rows_read_files_as_predict_does(tmp_path) -> None:
+    """16-bit PNGs train and validate on their own pixels, not on white; a turned phone photo is read
+    upright (as stored with ``exif_transpose`` off, which the model keeps for predict); what is dropped
+    is said once per split, not once per file. Hugging Face rows read alike."""
+    import shutil
+    import warnings
+    from pathlib import Path
+
+    import datasets
+    from PIL import Image
+
+    from splitlab.data import ImageClassificationData
+    from splitlab.model.images import ImageConversionWarning
+    from splitlab.model.predict import InputImages
+    from tests.model.user_images import write_user_images
+
+    files = write_user_images(tmp_path / "files")
+    root = tmp_path / "folder"
+    layout = {
+        "deep": ("grey16.png", "grey16.tif", "rotated.jpg"),
+        "clear": ("rgba.png", "la.png", "palette.png"),
+    }
+    for split in ("train", "val"):
+        for label, names in layout.items():
+            (root / split / label).mkdir(parents=True)
+            for name in names:
+                shutil.copy(files[name], root / split / label / name)
+    settings = {"img_size": 64, "crop_pct": 1.0, "num_workers": 0, "batch_size": 2, "augment": False}
+    for upright in (True, False):
+        dm = ImageClassificationData(root=str(root), exif_transpose=upright, **settings)
+        dm.setup("fit")
+        assert dm.preprocessing.exif_transpose is upright  # what the model keeps for predict
+        val, train = dm.datasets["val"], dm.datasets["train"]
+        paths = [path for path, _ in val.dataset.samples]
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            items = {Path(p).name: val[i][0] for i, p in enumerate(paths)}
+            trained = {Path(p).name: train[i][0] for i, (p, _) in enumerate(train.dataset.samples)}
+        said = [str(w.message) for w in record if issubclass(w.category, ImageConversionWarning)]
+        assert len(said) == 4, said  # transparency and 16-bit, once in each split
+        predicted = InputImages(paths, dm.preprocessing)  # predict's decoding and preprocessing
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ImageConversionWarning)
+            for i, path in enumerate(paths):
+                assert torch.equal(items[Path(path).name], predicted[i][1]), path
+        as_white = dm.preprocessing.image_transform(Image.open(files["grey16.png"]).convert("RGB"))
+        for name in ("grey16.png", "grey16.tif"):
+            assert items[name].std() > 0.5 and trained[name].std() > 0.5  # a picture, not a white page
+            assert not torch.equal(items[name], as_white)
+            assert torch.equal(items[name], items["palette.png"])  # the same picture, as every kind
+        twin = "upright.jpg" if upright else "sideways.png"
+        assert torch.equal(items["rotated.jpg"], dm.preprocessing(Image.open(files[twin]))[0])
+
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
+    names = ["grey16.png", "rotated.jpg", "rgba.png"]
+    rows = {"image": [{"bytes": files[n].read_bytes(), "path": None} for n in names], "label": [0, 1, 0]}
+    split = datasets.Dataset.from_dict(rows, features=features)
+    datasets.DatasetDict({"train": split, "validation": split}).save_to_disk(str(tmp_path / "hf"))
+    for upright in (True, False):  # `datasets` alone would turn the photo upright whatever the setting
+        dm = ImageClassificationData(
+            hf_dataset=str(tmp_path / "hf"), val_split="validation", exif_transpose=upright, **settings
+        )
+        dm.setup("fit")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ImageConversionWarning)
+            predicted = InputImages([files[n] for n in names], dm.preprocessing)
+            for i in range(len(names)):
+                assert torch.equal(dm.datasets["val"][i][0], predicted[i][1]), names[i]
+        twin = "upright.jpg" if upright else "sideways.png"
+        assert torch.equal(dm.datasets["val"][1][0], dm.preprocessing(Image.open(files[twin]))[0])

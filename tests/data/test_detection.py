@@ -85,3 +85,64 @@ def test_crowd_regions_come_flagged_and_stay_aligned(tmp_path) -> None:
     assert all(target[k].shape[0] == n for k in ("labels", "masks", "iscrowd", "area"))
     assert target["iscrowd"].tolist() == [0] * len(first) + [1]
     assert target["area"][-1].item() == 123.0
+
+
+def test_images_are_read_upright_and_turned_photos_with_stored_boxes_are_named(tmp_path) -> None:
+    """A photo stored turned (EXIF orientation 6) whose boxes were drawn upright reads as its upright
+    twin, as predict reads it; one whose boxes were drawn on the stored pixels (the annotations' width
+    and height are the stored ones) is a bad sample naming ``exif_transpose``, and reads as stored
+    with it off. A 16-bit image reads as its 8-bit twin."""
+    import numpy as np
+    import torch
+    from PIL import ExifTags, Image
+
+    from splitlab.data.common import BadSample
+    from splitlab.data.detection import CocoDetection, letterbox
+    from splitlab.model import Preprocessing
+    from tests.model.user_images import picture, sixteen_bit
+
+    up = picture()  # 256 x 192
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = 6
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.fromarray(up).save(folder / "twin.png")
+    Image.fromarray(np.ascontiguousarray(np.rot90(up))).save(folder / "turned.png", exif=exif)
+    Image.fromarray(up).save(folder / "stored.png", exif=exif)  # boxes drawn on these pixels
+    Image.fromarray(sixteen_bit(up)).save(folder / "deep.png")
+    names = ["twin.png", "turned.png", "stored.png", "deep.png"]
+    doc = {
+        "images": [{"id": i + 1, "file_name": n, "width": 256, "height": 192} for i, n in enumerate(names)],
+        "annotations": [
+            {
+                "id": i + 1,
+                "image_id": i + 1,
+                "category_id": 1,
+                "bbox": [16, 24, 80, 40],
+                "area": 3200,
+                "iscrowd": 0,
+            }
+            for i in range(len(names))
+        ],
+        "categories": [{"id": 1, "name": "thing"}],
+    }
+    annotations = tmp_path / "instances.json"
+    annotations.write_text(json.dumps(doc))
+    for upright in (True, False):
+        prep = Preprocessing(64, (0.5,) * 3, (0.5,) * 3, exif_transpose=upright)
+        ds = CocoDetection(
+            folder, annotations, letterbox(prep, False), masks=False, size=64, exif_transpose=upright
+        )
+        twin, target = ds[0]
+        assert torch.equal(ds[3][0], twin) and torch.equal(ds[3][1]["boxes"], target["boxes"])
+        assert torch.equal(ds[0][0], prep(Image.open(folder / "twin.png"))[0])
+        if upright:
+            assert torch.equal(ds[1][0], twin) and torch.equal(
+                ds[1][0], prep(Image.open(folder / "turned.png"))[0]
+            )
+            with pytest.raises(
+                BadSample, match=r"stored.png: read upright .* 192x256, its annotations say 256x192"
+            ):
+                ds[2]
+        else:
+            assert torch.equal(ds[2][0], twin) and not torch.equal(ds[1][0], twin)

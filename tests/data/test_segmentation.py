@@ -147,3 +147,41 @@ def test_hf_dataset_reads_as_the_folder_layout(tmp_path) -> None:
     # the next row is served instead, augmented as on the next attempt (seed + 1)
     assert torch.equal(mask, from_folders.datasets["train"][SeededIndex(19, 6)][1])
     assert "skipped 1 read(s)" in late.skipped_report()
+
+
+def test_images_are_read_upright_and_masks_on_the_stored_pixels_are_named(tmp_path) -> None:
+    """Validation reads a 16-bit image as predict reads it (not white); a photo its EXIF orientation
+    turns, whose mask was drawn on the stored pixels, is refused before training naming
+    ``exif_transpose``, and reads as stored with it off."""
+    import torch
+    from PIL import ExifTags
+
+    from splitlab.data import ADE20KData, generate_ade20k
+    from tests.model.user_images import sixteen_bit
+
+    root = generate_ade20k(tmp_path / "ade", image_size=64, train=2, val=2)
+    settings = {"root": str(root), "num_classes": 5, "img_size": 64, "num_workers": 0}
+    val = sorted((root / "images" / "validation").glob("*.png"))
+    grey = np.asarray(Image.open(val[0]).convert("L"))
+    grey = ((grey.astype(float) - grey.min()) * 255 / (grey.max() - grey.min())).round().astype(np.uint8)
+    Image.fromarray(sixteen_bit(grey)).save(val[0])
+    dm = ADE20KData(**settings)
+    dm.setup("validate")
+    image, _ = dm.datasets["val"][0]
+    assert torch.equal(image, dm.preprocessing(Image.open(val[0]))[0])
+    assert torch.equal(image, dm.preprocessing(Image.fromarray(grey))[0]) and image.std() > 0.5
+
+    mask = root / "annotations" / "validation" / val[1].name  # wide: image and mask 64 x 40
+    Image.open(mask).crop((0, 0, 64, 40)).save(mask)
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = 6
+    Image.open(val[1]).convert("RGB").crop((0, 0, 64, 40)).save(val[1], exif=exif)
+    with pytest.raises(
+        ValueError, match=r"size 40x64 differs from its image \(64x40\); .*exif_transpose=false"
+    ):
+        ADE20KData(**settings).setup("validate")
+    as_stored = ADE20KData(**settings, exif_transpose=False)
+    as_stored.setup("validate")
+    image, labels = as_stored.datasets["val"][1]
+    assert as_stored.preprocessing.exif_transpose is False
+    assert torch.equal(image, as_stored.preprocessing(Image.open(val[1]))[0]) and labels.shape == (64, 64)

@@ -687,3 +687,33 @@ def test_images_are_resized_bicubic_as_clips_processor_and_as_the_deployed_model
         VQAv2Data(root=str(vqa_root), interpolation="nearest")
     with pytest.raises(ValueError, match="the letterbox resizes with one of"):
         Preprocessing(64, interpolation="lanczos")
+
+
+def test_images_are_decoded_as_predict_decodes_them(tmp_path: Path, vqa_root: Path) -> None:
+    """A 16-bit image is asked about as its 8-bit twin (not a white page), as predict reads it; a photo
+    stored turned is read upright, or as stored with ``exif_transpose`` off."""
+    from PIL import ExifTags
+
+    from tests.model.user_images import sixteen_bit
+
+    root = _copy(vqa_root, tmp_path)
+    dm = VQAv2Data(root=str(root), img_size=64, num_workers=0)
+    dm.setup("validate")
+    folder = dm.datasets["val"].dataset
+    deep, turned = (Path(item["source"]) for item in folder.items[:2])
+    grey = np.asarray(Image.open(deep).convert("L"))
+    grey = ((grey.astype(float) - grey.min()) * 255 / (grey.max() - grey.min())).round().astype(np.uint8)
+    Image.fromarray(sixteen_bit(grey)).save(deep)
+    upright = Image.open(turned).convert("RGB").crop((0, 0, 64, 40))
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = 6
+    upright.rotate(90, expand=True).save(turned, exif=exif)
+    image, _ = folder[0]
+    assert torch.equal(image, dm.preprocessing(Image.open(deep))[0])
+    assert torch.equal(image, dm.preprocessing(Image.fromarray(grey))[0]) and image.std() > 0.5
+    assert torch.equal(folder[1][0], dm.preprocessing(upright)[0])
+    as_stored = VQAv2Data(root=str(root), img_size=64, num_workers=0, exif_transpose=False)
+    as_stored.setup("validate")
+    image, _ = as_stored.datasets["val"].dataset[1]
+    assert torch.equal(image, as_stored.preprocessing(upright.rotate(90, expand=True))[0])
+    assert not torch.equal(image, folder[1][0]) and as_stored.preprocessing.exif_transpose is False

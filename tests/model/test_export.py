@@ -14,7 +14,7 @@ from splitlab.model.export import StaticSplit, export_program, save_program
 from tests.model.helpers import images, tiny_model
 
 
-@pytest.mark.parametrize("max_fraction", [None, 0.4])
+@pytest.mark.parametrize("max_fraction", [None, 0.5])
 @pytest.mark.parametrize("task", ["classification", "segmentation"])
 def test_the_static_path_equals_the_eager_one(task, max_fraction) -> None:
     model = tiny_model(task)
@@ -81,6 +81,20 @@ def test_export_command_writes_each_format(tmp_path, capsys) -> None:
             ]
         )
     assert stop.value.code == 2 and "max_fraction" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["hf", "pt2", "onnx"])
+def test_export_refuses_a_cap_below_the_budget_in_every_format(fmt, tmp_path, capsys) -> None:
+    """The line `lightning validate` and `model(...)` give, before the output folder is made."""
+    tiny_model("classification").save_pretrained(tmp_path / "model")
+    out = tmp_path / fmt
+    with pytest.raises(SystemExit) as stop:
+        main(["export", str(tmp_path / "model"), "--out", str(out), "--format", fmt, "--max-fraction", "0.2"])
+    assert stop.value.code == 2 and capsys.readouterr().err.strip() == (
+        "splitlab: error: max_fraction=0.2 is below budget=0.5: a cap under the budget holds every image below "
+        "it, so the budget cannot be met; raise max_fraction to at least budget (or lower budget)"
+    )
+    assert not out.exists()
 
 
 @pytest.mark.skipif(

@@ -72,6 +72,44 @@ def test_load_takes_a_save_pretrained_folder_and_refuses_what_it_cannot_read(tmp
         load(tmp_path / "cut.ckpt")
 
 
+def test_a_broken_config_and_a_file_in_the_way_are_one_line_each(tmp_path, capsys) -> None:
+    """A saved model whose ``config.json`` was cut short (json's own error names no file), and
+    ``save_pretrained`` onto a file (huggingface_hub's bare FileExistsError)."""
+    from splitlab.commands import main
+
+    model = tiny_model("classification")
+    model.save_pretrained(tmp_path / "saved")
+    config = tmp_path / "saved" / "config.json"
+    text = config.read_text()
+    fix = "copy it again from where the model came from, or save the model again"
+    for broken, what in (
+        (text[: len(text) // 2], "is not valid JSON (Unterminated string starting at: line "),
+        ("", "is empty"),
+        ("[1, 2]", "holds a JSON list, not a model's settings"),
+    ):
+        config.write_text(broken)
+        with pytest.raises(ValueError, match="cut short|settings") as refused:
+            load(tmp_path / "saved")
+        assert str(refused.value).startswith(f"{config} {what}") and fix in str(refused.value)
+    with pytest.raises(SystemExit) as stop:
+        main(["export", str(tmp_path / "saved"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith(f"splitlab: error: {config} holds a JSON list")
+    assert err.count("\n") == 1
+    (tmp_path / "file").write_text("not a folder")
+    for target, blocking in (
+        (tmp_path / "file", tmp_path / "file"),
+        (tmp_path / "file" / "sub", tmp_path / "file"),
+    ):
+        with pytest.raises(FileExistsError) as refused:
+            model.save_pretrained(target)
+        assert str(refused.value) == (
+            f"save_pretrained({str(target)!r}): {blocking} is a file, and a saved model is a folder "
+            "(config.json + model.safetensors) at that path: give the path of a new or existing folder instead"
+        )
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
 def test_policies_budgets_and_the_cap() -> None:
     model = tiny_model("classification")
     x = images(16)
@@ -79,7 +117,7 @@ def test_policies_budgets_and_the_cap() -> None:
         uniform = model.layout(x, policy="uniform")
         low, high = model.layout(x, budget=0.3), model.layout(x, budget=0.7)
         random = model.layout(x, policy="random", budget=0.5)
-        capped = model.layout(x, budget=0.7, max_fraction=0.4)
+        capped = model.layout(x, budget=0.4, max_fraction=0.4)
     assert float(uniform.fraction.min()) == 1.0
     assert float(low.fraction.mean()) < float(high.fraction.mean())  # the policy reads its budget
     assert abs(float(random.fraction.mean()) - 0.5) < 0.1
@@ -94,9 +132,55 @@ def test_a_model_with_a_cap_caps_its_own_policy_not_comparison_rows() -> None:
     model = tiny_model("classification", max_fraction=0.4, budget=0.4)
     x = images(16)
     with torch.no_grad():
-        deployed = model.layout(x, budget=0.7)
-        row = model.layout(x, budget=0.7, policy="random")
+        deployed = model.layout(x)
+        row = model.layout(x, budget=0.7, policy="random")  # a comparison row: the model's cap is not its
     assert float(deployed.fraction.max()) <= 0.4 < float(row.fraction.max())
+
+
+CAP_UNDER_BUDGET = (
+    "max_fraction=0.3 is below budget=0.5: a cap under the budget holds every image below it, so the budget "
+    "cannot be met; raise max_fraction to at least budget (or lower budget)"
+)
+
+
+def test_a_cap_below_the_budget_is_refused_alike_on_every_path() -> None:
+    """One line from one function (`SplitModel.check_cap`) wherever a cap under the budget is asked for:
+    the layout, the forward pass, predict, the static path of every export, a changed deployment."""
+    from splitlab.model.export import StaticSplit
+
+    model = tiny_model("classification")  # deploys 0.5, conditioned on 0.3 ... 0.7
+    x = images(4)
+    calls = {
+        "layout": lambda: model.layout(x, max_fraction=0.3),
+        "forward": lambda: model(x, max_fraction=0.3),
+        "predict": lambda: model.predict(x, max_fraction=0.3),
+        "export": lambda: StaticSplit(model, max_fraction=0.3),
+        "set_deployment": lambda: model.set_deployment(max_fraction=0.3),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError) as refused:
+            call()
+        assert str(refused.value) == CAP_UNDER_BUDGET, name
+    assert model.max_tokens is None and model.budget == 0.5  # a refused deployment changes nothing
+    with torch.no_grad():  # the budget given per call is the one the cap is held against
+        assert float(model.layout(x, budget=0.3, max_fraction=0.3).fraction.max()) <= 0.3
+        assert len(model.predict(x, budget=0.3, max_fraction=0.3)) == 4
+    StaticSplit(model, budget=0.3, max_fraction=0.3)
+    # a model's own cap binds its policy at any budget asked of it, not a comparison row; an explicit
+    # cap binds every policy but uniform, which meets no budget (every patch split)
+    capped = tiny_model("classification", max_fraction=0.5)
+    under = "max_fraction=0.5 is below budget=0.7: a cap under the budget"
+    for call in (
+        lambda: capped(x, budget=0.7),
+        lambda: capped.predict(x, budget=0.7),
+        lambda: StaticSplit(capped, budget=0.7),
+        lambda: capped.layout(x, budget=0.7, policy="random", max_fraction=0.5),
+    ):
+        with pytest.raises(ValueError, match=under):
+            call()
+    with torch.no_grad():
+        capped.layout(x, budget=0.7, policy="random")
+        assert float(capped.layout(x, policy="uniform", max_fraction=0.3).fraction.max()) <= 0.3
 
 
 def test_a_checkpoint_of_a_task_loads_as_its_model(tmp_path) -> None:

@@ -79,7 +79,14 @@ SETTINGS = [
         "image size 72x72 is not divisible by the coarsest level (32 px)",
     ),
     ("--model.init_args.attn_backend=turbo", "attn_backend='turbo': expected 'auto' or one of"),
-    ("--model.init_args.eval_baselines=[oracle]", "eval_baselines=['oracle']: unknown ['oracle']"),
+    ("--model.init_args.eval_baselines=[apt]", "eval_baselines=['apt']: unknown ['apt']"),
+    (
+        "--model.init_args.eval_baselines=[oracle]",
+        "eval_baselines with oracle need annotations that say where the objects are, and this data gives none",
+    ),
+    ("--model.init_args.decision_context=neighbours", "decision_context='neighbours': expected one of"),
+    ("--model.init_args.label_source=boxes", "label_source='boxes': expected one of"),
+    ("--data.init_args.objects=nowhere.json", "data.init_args.objects="),
     (
         "--model.init_args.budgets=[0.7,0.3]",
         "budgets=[0.7, 0.3]: the lowest budget must be below the highest",
@@ -578,13 +585,18 @@ def metric_rows(run: Path) -> list[dict[str, str]]:
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES_FIRST))
-def test_a_stop_inside_the_first_epoch_resumes_into_the_uninterrupted_run(shapes_root, tmp_path, stage) -> None:
+def test_a_stop_inside_the_first_epoch_resumes_into_the_uninterrupted_run(
+    shapes_root, tmp_path, stage
+) -> None:
     """A stop in epoch 0 (of a fit that starts in each stage) leaves one checkpoint to resume from: no
     ``last.ckpt`` written after it marks the epoch finished (Lightning writes one at the end of training
     when it believes none was saved), so ``--ckpt_path last`` resumes at the next batch, and every
     metric row and the summary are the uninterrupted run's."""
     warm, rl, dense = STAGES_FIRST[stage]
-    stop = {"class_path": "tests.helpers.SignalAt", "init_args": {"epoch": 0, "batch": 1, "signal_name": "SIGTERM"}}
+    stop = {
+        "class_path": "tests.helpers.SignalAt",
+        "init_args": {"epoch": 0, "batch": 1, "signal_name": "SIGTERM"},
+    }
     main(["fit", *tiny_args(shapes_root, tmp_path / "full", *schedule_args(warm, rl, dense))])
     args = tiny_args(shapes_root, tmp_path / "stopped")
     with pytest.raises(SystemExit) as exit_:

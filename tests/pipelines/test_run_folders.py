@@ -119,7 +119,7 @@ def test_a_checkpoint_cut_short_leaves_the_last_whole_and_last_skips_an_unreadab
     [
         (
             ["--model.init_args.max_fraction=0.6", "--model.init_args.eval_budgets=[0.7]"],
-            "eval_budgets=0.7 is above max_fraction=0.6",
+            "max_fraction=0.6 is below eval_budgets=0.7: a cap under the budget",
         ),
         (["--data.init_args.root={bad}"], "class folder(s) ['checks'] in train/ hold no image files"),
     ],

@@ -97,7 +97,7 @@ def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path, c
     images = torch.randn(32, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         base = model.layout(images, budget=0.3, policy="random")
-        deployed = model.layout(images, max_fraction=0.3)
+        deployed = model.layout(images, budget=0.3, max_fraction=0.3)
         capped = model.layout(images, budget=0.3, policy="random", max_fraction=0.3)
     assert abs(float(base.fraction.mean()) - 0.3) <= 0.03 < float(base.fraction.max()) - 0.3
     assert float(deployed.fraction.max()) <= 0.3 and float(capped.fraction.max()) <= 0.3

@@ -79,13 +79,14 @@ def test_the_template_lists_what_a_task_overrides() -> None:
     doc = inspect.getdoc(SplitTask)
     for name in ("build_metrics", "per_image_loss", "update_metrics", "unpack_batch", "describe_prediction"):
         assert f"`{name}`" in doc and callable(getattr(SplitTask, name))
-    assert Path(base.__file__).read_text().count("\n") <= 300
+    # 38 settings, one help line each: the template stays readable in one sitting
+    assert Path(base.__file__).read_text().count("\n") <= 310
 
 
 def test_a_task_written_for_the_old_names_still_works_and_is_told_the_new_ones() -> None:
     from splitlab.tasks import ClassificationTask
 
-    with pytest.warns(DeprecationWarning, match="per_sample_loss is now per_image_loss"):
+    with pytest.warns(FutureWarning, match="per_sample_loss is now per_image_loss"):
 
         class OldTask(ClassificationTask):
             def per_sample_loss(self, outputs, targets):

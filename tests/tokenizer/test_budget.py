@@ -51,6 +51,22 @@ def test_operating_points_interpolate_and_name_the_trained_range() -> None:
         OperatingPoints([0.5]).check(0.2, "eval_budgets")
 
 
+def test_a_budget_out_of_range_is_told_the_fix_that_fits_the_policy() -> None:
+    """A conditioned policy is not told to become one: pick within its range, or widen it."""
+    with pytest.raises(ValueError) as conditioned:
+        OperatingPoints([0.3, 0.5, 0.7]).check(0.95, "budget")
+    assert str(conditioned.value) == (
+        "budget=0.95: this policy was trained for budgets [0.3, 0.7] (a budget-conditioned policy); pick a "
+        "budget from 0.3 to 0.7, or retrain with a range that holds 0.95 (model.init_args.budgets: [lowest, highest])"
+    )
+    with pytest.raises(ValueError) as single:
+        OperatingPoints([0.5]).check(0.95, "budget")
+    assert str(single.value) == (
+        "budget=0.95: this policy was trained for budgets 0.5 only; train a budget-conditioned policy "
+        "(model.init_args.budgets: [lowest, highest]) to serve others"
+    )
+
+
 @st.composite
 def capped(draw):
     num_levels = draw(st.integers(2, 4))

@@ -1,0 +1,74 @@
+"""``splitlab calibrate MODEL IMAGES... --out DIR``: a trained model re-cut to meet its budget on your images.
+
+The deployed cut of each budget was calibrated on the training images; on images of another kind
+it buys another token fraction (``splitlab predict`` says so when the mean misses the budget by more
+than 0.05). This re-fits the cuts on IMAGES (files or folders, as predict reads them): the policy
+is unchanged, only where its logits are cut moves. Writes the model to DIR (``save_pretrained``);
+``splitlab predict DIR ...`` then meets the budget on images like IMAGES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from splitlab.commands.arguments import device_name, fraction, positive_int
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="re-fit a model's budget cuts on your own images (no retraining)",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("model", help="run folder, .ckpt, save_pretrained folder or Hugging Face Hub id")
+    p.add_argument("inputs", nargs="+", help="image files or folders like those the model will see")
+    p.add_argument("--out", required=True, help="folder for the calibrated model (a new one)")
+    p.add_argument(
+        "--budget", type=fraction, default=None, help="the budget it deploys (default: the model's)"
+    )
+    p.add_argument(
+        "--exif-transpose",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read files upright by their EXIF orientation (default: as the model's data was read)",
+    )
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument(
+        "--num-workers", type=int, default=min(4, max((os.cpu_count() or 1) - 1, 0)), help="decoding workers"
+    )
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ...")
+
+
+def main(args: argparse.Namespace) -> int:
+    from splitlab.model import load
+    from splitlab.model.calibrate import calibrate
+    from splitlab.model.predict import image_files
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(
+            f"--out {out}: not a new folder; give a new one (a calibrated model never replaces files)"
+        )
+    if args.num_workers < 0:
+        raise ValueError(f"--num-workers {args.num_workers}: must be 0 or more")
+    files = image_files(args.inputs)
+    if not files:
+        raise FileNotFoundError(f"inputs {args.inputs}: no image files (jpg, png, webp, bmp, tiff, ...)")
+    model = load(args.model, device=args.device)
+    done = calibrate(
+        model,
+        files,
+        budget=args.budget,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        exif_transpose=args.exif_transpose,
+    )
+    model.save_pretrained(out)
+    note = f" ({done.skipped} unreadable file(s) skipped)" if done.skipped else ""
+    print(
+        f"calibrated on {done.images} image(s){note}: mean token fraction at budget {done.budget:g} "
+        f"{done.before:.3f} before, {done.after:.3f} now; saved {out}"
+    )
+    return 0
