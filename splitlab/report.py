@@ -90,7 +90,13 @@ def format_table(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-CURVE_POLICIES = ("learned", "random", "entropy", "uniform")
+CURVE_POLICIES = (
+    "learned",
+    "random",
+    "entropy",
+    "oracle",
+    "uniform",
+)  # oracle: where the data has annotations
 CURVE_KEYS = ("metric", "token_fraction_mean", "token_fraction_max", "images_per_second")
 
 
@@ -145,8 +151,8 @@ MATCHED = 0.03  # how far a trained row's realised fraction may sit from the tar
 
 
 def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Trained policies side by side at one budget: per run its trained row; the uniform grid from the
-    first run. Runs of another task or budget are refused; a row whose realised fraction misses the
+    """Trained policies side by side at one budget: per run its trained row; the oracle layout (where
+    the data has annotations) and the uniform grid from the first run. Runs of another task or budget are refused; a row whose realised fraction misses the
     budget by more than `MATCHED` is listed in ``unmatched`` (the table says so under it)."""
     for run, summary in summaries.items():
         keys = ("task", "metric", "target_fraction", "policies")
@@ -178,11 +184,10 @@ def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         realised = row.get("token_fraction_mean")
         if realised is not None and abs(realised - target) > MATCHED:
             unmatched.append(run)
-    uniform = first["policies"].get("uniform")
-    if uniform is not None:
-        rows.append(
-            {"run": "(uniform grid)", "trained_policy": "uniform", **{k: uniform.get(k) for k in CURVE_KEYS}}
-        )
+    for name, label in (("oracle", "(oracle layout)"), ("uniform", "(uniform grid)")):  # the first run's
+        row = first["policies"].get(name)
+        if row is not None:
+            rows.append({"run": label, "trained_policy": name, **{k: row.get(k) for k in CURVE_KEYS}})
     return {
         "task": first["task"],
         "metric": metric,

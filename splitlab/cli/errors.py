@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -89,12 +90,31 @@ def yaml_problem(argv: Sequence[str]) -> str | None:
     return None
 
 
+PACKAGE = str(Path(__file__).resolve().parents[1])  # splitlab's own files
+
+
+def one_line_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
+    """``splitlab: warning: ...`` for splitlab's own warnings, as its errors read (Python's format
+    adds the file, line and source of the ``warnings.warn`` call, which tell a user nothing);
+    anything else's in Python's format."""
+    if str(Path(filename).resolve()).startswith(PACKAGE):
+        return f"splitlab: warning: {message}\n"
+    return DEFAULT_FORMAT(message, category, filename, lineno, line)
+
+
+DEFAULT_FORMAT = warnings.formatwarning
+
+
 def reporting_errors(run: Callable[[], Any], argv: Sequence[str] = ()) -> Any:
-    """Run ``run``; a bad setting or file ends the process with one line on stderr and exit code 2.
+    """Run ``run``; a bad setting or file ends the process with one line on stderr and exit code 2,
+    and splitlab's own warnings read as one line each (`one_line_warning`).
 
     ``argv``: the command line, to name a config file that is not valid YAML. ``SPLITLAB_DEBUG=1``
     shows the full traceback instead.
     """
+    warnings.formatwarning = one_line_warning
     try:
         return run()
     except Exception as error:

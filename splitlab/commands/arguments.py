@@ -78,3 +78,21 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def add_file_reading(p: argparse.ArgumentParser) -> None:
+    """The options of a command that runs a model on image files (predict, calibrate): how files are
+    read (EXIF orientation, batch, decoding workers) and on which device."""
+    p.add_argument(
+        "--exif-transpose",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read each file upright by its EXIF orientation, as phones' portrait photos need "
+        "(default: as the model's data was read, on unless trained with data.exif_transpose=false); "
+        "--no-exif-transpose reads the pixels as stored",
+    )
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument(
+        "--num-workers", type=int, default=min(4, max((os.cpu_count() or 1) - 1, 0)), help="decoding workers"
+    )
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ...")

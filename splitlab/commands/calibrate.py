@@ -10,10 +10,9 @@ is unchanged, only where its logits are cut moves. Writes the model to DIR (``sa
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from splitlab.commands.arguments import device_name, fraction, positive_int
+from splitlab.commands.arguments import add_file_reading, fraction
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,17 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--budget", type=fraction, default=None, help="the budget it deploys (default: the model's)"
     )
-    p.add_argument(
-        "--exif-transpose",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="read files upright by their EXIF orientation (default: as the model's data was read)",
-    )
-    p.add_argument("--batch-size", type=positive_int, default=32)
-    p.add_argument(
-        "--num-workers", type=int, default=min(4, max((os.cpu_count() or 1) - 1, 0)), help="decoding workers"
-    )
-    p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ...")
+    add_file_reading(p)
 
 
 def main(args: argparse.Namespace) -> int:

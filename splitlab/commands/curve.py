@@ -1,8 +1,8 @@
 """``splitlab curve RUN_DIR``: the accuracy-tokens trade-off of a trained run, one policy, several budgets.
 
 For each budget the learned policy (budget-conditioned runs serve any budget of their range
-without retraining) and the random and entropy baselines at its realised fraction, plus the
-uniform grid: one ``validate`` of the run's own config and checkpoint through the LightningCLI,
+without retraining) and the random and entropy baselines at its realised fraction (and the oracle
+layout where the run's data has annotations), plus the uniform grid: one ``validate`` of the run's own config and checkpoint through the LightningCLI,
 written as ``curve.json`` and ``curve.png``.
 """
 
@@ -68,6 +68,9 @@ def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> 
             f"unknown arguments {bad}: only --data.*, --model.*, --trainer.* overrides are passed on"
         )
     args.fractions = _check_trained_budgets(config, args.fractions)
+    baselines = ["uniform", "random", "entropy"]
+    if "oracle" in _model_settings(config).get("eval_baselines", []):  # the run's data has annotations
+        baselines.append("oracle")
     out = Path(args.out) if args.out else run / "curve"
     first, *rest = args.fractions
     argv = [
@@ -76,7 +79,7 @@ def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> 
         f"--ckpt_path={ckpt}",
         f"--model.init_args.target_fraction={first}",
         f"--model.init_args.eval_budgets={json.dumps(rest)}",
-        '--model.init_args.eval_baselines=["uniform", "random", "entropy"]',
+        f"--model.init_args.eval_baselines={json.dumps(baselines)}",
         "--trainer.logger=false",
         f"--trainer.default_root_dir={out}",
         *overrides,
@@ -84,12 +87,17 @@ def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> 
     return argv, out
 
 
+def _model_settings(config: Path) -> dict:
+    """The model's ``init_args`` in a run's ``config.yaml``."""
+    import yaml
+
+    return (yaml.safe_load(config.read_text()) or {}).get("model", {}).get("init_args", {}) or {}
+
+
 def _check_trained_budgets(config: Path, fractions: Sequence[float] | None) -> list[float]:
     """The fractions to evaluate (by default those the run's policy serves), refusing, before loading
     anything, fractions it was not trained for."""
-    import yaml
-
-    settings = (yaml.safe_load(config.read_text()) or {}).get("model", {}).get("init_args", {})
+    settings = _model_settings(config)
     budgets, target = settings.get("budgets"), settings.get("target_fraction")
     if fractions is None:
         if budgets is None:

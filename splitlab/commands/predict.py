@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 from splitlab.cli.runs import first_free
-from splitlab.commands.arguments import device_name, fraction, positive_int
+from splitlab.commands.arguments import add_file_reading, fraction, positive_int
 
 OUTPUTS = (
     "predictions.jsonl",
@@ -85,19 +85,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="detection: a COCO annotations file whose image ids the results use",
     )
     p.add_argument("--top-k", type=positive_int, default=5, help="classification: classes per image")
-    p.add_argument(
-        "--exif-transpose",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="read each file upright by its EXIF orientation, as phones' portrait photos need "
-        "(default: as the model's data was read, on unless trained with data.exif_transpose=false); "
-        "--no-exif-transpose reads the pixels as stored",
-    )
-    p.add_argument("--batch-size", type=positive_int, default=32)
-    p.add_argument(
-        "--num-workers", type=int, default=min(4, max((os.cpu_count() or 1) - 1, 0)), help="decoding workers"
-    )
-    p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ...")
+    add_file_reading(p)
 
 
 def output_folder(model: str, out: str | None) -> Path:

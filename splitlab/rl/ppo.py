@@ -25,6 +25,9 @@ class PPOConfig:
             `ppo_policy_loss` for the difference, measured in docs/comparison.md.
         target_kl: stop a batch's policy epochs early once the approximate KL to the rollout policy
             passes 1.5x this (None: always run ``epochs``).
+        imitation: weight of the warm start's imitation loss kept in each policy update (0: PPO
+            alone). Where the labels are the oracle's (annotations), an anchor the noisy reward
+            cannot walk the policy away from (docs/oracle.md).
     """
 
     samples: int = 4
@@ -34,10 +37,13 @@ class PPOConfig:
     max_grad_norm: float = 1.0
     normalize: str = "decision"
     target_kl: float | None = None
+    imitation: float = 0.0
 
     def __post_init__(self) -> None:
         if self.normalize not in ("rollout", "decision"):
             raise ValueError(f"ppo.normalize={self.normalize!r}: expected 'rollout' or 'decision'")
+        if self.imitation < 0:
+            raise ValueError(f"ppo.imitation={self.imitation}: a weight, at least 0")
         if self.samples < 1 or self.epochs < 1:
             raise ValueError(f"ppo.samples={self.samples}, ppo.epochs={self.epochs}: both must be at least 1")
 

@@ -74,7 +74,7 @@ class StageTraining(Optimization):
         if self.task_frozen and self.hparams.policy != "learned":
             return None  # a fixed policy (entropy, random) has nothing to learn with the task frozen
         if self.stage == "ppo":
-            stats = self.ppo_step(images, targets)
+            stats = self.ppo_step(images, targets, batch)
         else:
             stats = self.supervised_step(images, targets, batch)
         batch_size = images.shape[0]
@@ -226,7 +226,7 @@ class StageTraining(Optimization):
         target = self.ppo.target_kl
         return target is not None and epoch > 0 and float(self.mean_over_ranks(approx_kl)) > 1.5 * target
 
-    def ppo_step(self, images: Tensor, targets: Any) -> dict[str, Tensor]:
+    def ppo_step(self, images: Tensor, targets: Any, batch: Any = None) -> dict[str, Tensor]:
         """Roll out sampled layouts, score them with the frozen model, update the policy K times."""
         _, policy_opt = self.optimizers()
         self.set_policy_lr("ppo")
@@ -250,9 +250,11 @@ class StageTraining(Optimization):
             old_log_prob = [
                 policy.log_prob(lg, d) for lg, d in zip(rollouts.logits, rollouts.decisions, strict=True)
             ]
+        labels = self.imitation_labels(images, batch, budget) if cfg.imitation > 0 else None
         epochs_run = 0
         for epoch in range(cfg.epochs):
-            new_logits = [lg.repeat(samples, 1, 1) for lg in self.tokenizer.decision_logits(tokens, budget)]
+            logits = self.tokenizer.decision_logits(tokens, budget)
+            new_logits = [lg.repeat(samples, 1, 1) for lg in logits]
             loss, ppo_stats = ppo_policy_loss(
                 [policy.log_prob(lg, d) for lg, d in zip(new_logits, rollouts.decisions, strict=True)],
                 old_log_prob,
@@ -263,6 +265,10 @@ class StageTraining(Optimization):
                 cfg.entropy_coef,
                 cfg.normalize,
             )
+            if labels is not None:  # the warm start's labels as an anchor
+                imitation = self.imitation_loss(logits, labels)
+                ppo_stats["imitation"] = imitation.detach()
+                loss = loss + cfg.imitation * imitation
             if self.kl_stop(epoch, ppo_stats["approx_kl"]):
                 break
             policy_opt.zero_grad()

@@ -30,10 +30,10 @@ class DenseTwinChecks:
     def test_fit_writes_a_summary(self, run) -> None:
         record = run[1]
         assert record["metric"] == self.metric and record["stage"] == "fit" and record["lambda"] >= 0
-        assert set(record["policies"]) == {"learned", "uniform", "random", "entropy"}
+        assert set(record["policies"]) == {"learned", "uniform", "random", "entropy", "oracle"}
         learned, uniform = record["policies"]["learned"], record["policies"]["uniform"]
         assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
-        for baseline in ("random", "entropy"):  # compared at the learned layout's fraction
+        for baseline in ("random", "entropy", "oracle"):  # compared at the learned layout's fraction
             fraction = record["policies"][baseline]["token_fraction_mean"]
             assert abs(fraction - learned["token_fraction_mean"]) <= 0.03
         assert uniform["token_fraction_mean"] == 1.0 and uniform["metric"] > self.uniform_floor

@@ -13,22 +13,28 @@ from tests.pipelines.dense_twin import DenseTwinChecks
 
 
 def check_detection(record: dict, seed: int, measured) -> None:
-    """The detection twin tells policies apart (docs/detection.md): the uniform grid detects well, and
-    at half the tokens the learned layout beats random by 0.10 mAP and entropy, with fine tokens on
-    at least 70% of the object cells."""
-    learned, uniform, random, entropy = (
-        record["policies"][p] for p in ("learned", "uniform", "random", "entropy")
+    """The detection twin's policy finds what the oracle finds (docs/oracle.md): the uniform grid
+    detects well, and at half the tokens the learned layout keeps 85% of its mAP and 90% of the
+    oracle layout's, beats random by 0.10 mAP and entropy, with fine tokens on 85% of the object cells."""
+    learned, uniform, random, entropy, oracle = (
+        record["policies"][p] for p in ("learned", "uniform", "random", "entropy", "oracle")
     )
     measured(  # the numbers belong in the CI log
-        f"coco seed {seed}: learned mAP {learned['map']:.3f} at fraction {learned['token_fraction_mean']:.3f} "
-        f"(object fine coverage {learned['object_fine_coverage']:.3f}), uniform {uniform['map']:.3f}, "
-        f"random {random['map']:.3f} ({random['object_fine_coverage']:.3f}), entropy {entropy['map']:.3f}"
+        f"coco seed {seed} @{record['target_fraction']:g}: learned mAP {learned['map']:.3f} at fraction "
+        f"{learned['token_fraction_mean']:.3f} (object fine coverage {learned['object_fine_coverage']:.3f}), "
+        f"uniform {uniform['map']:.3f}, oracle {oracle['map']:.3f}, random {random['map']:.3f} "
+        f"({random['object_fine_coverage']:.3f}), entropy {entropy['map']:.3f}"
     )
     assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
     assert uniform["map"] >= 0.5, f"the dense stage left the uniform grid at mAP {uniform['map']:.3f}"
+    keeps = 0.85 if record["target_fraction"] <= 0.5 else 0.95
+    assert learned["map"] >= keeps * uniform["map"], (
+        f"learned {learned['map']:.3f}, uniform {uniform['map']:.3f}"
+    )
+    assert learned["map"] >= 0.9 * oracle["map"], f"learned {learned['map']:.3f}, oracle {oracle['map']:.3f}"
     assert learned["map"] >= random["map"] + 0.10, f"learned {learned['map']:.3f}, random {random['map']:.3f}"
     assert learned["map"] >= entropy["map"]
-    assert learned["object_fine_coverage"] >= 0.7
+    assert learned["object_fine_coverage"] >= 0.85
 
 
 class TestDetectionTwin(DenseTwinChecks):
@@ -78,21 +84,15 @@ class TestDetectionTwin(DenseTwinChecks):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="a measured miss (docs/detection.md): trained at 0.7 the policy keeps 0.83-0.88 of uniform mAP, "
-    "below the 0.9 asked; the same twin's policy trained at 0.5 ranks well enough for 0.92 at 0.7",
-)
-def test_detection_at_a_larger_budget_keeps_nine_tenths_of_uniform(tmp_path, measured) -> None:
-    record = run_pipeline(
-        tmp_path / "coco", seed=0, quiet=True, task="coco", extra=["--model.init_args.target_fraction=0.7"]
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_detection_at_seven_tenths_of_the_tokens_keeps_the_uniform_grids_map(
+    tmp_path, seed, measured
+) -> None:
+    """The paper's operating point: trained at 0.7 the policy keeps 95% of the uniform grid's mAP."""
+    extra = ["--model.init_args.target_fraction=0.7"]
+    check_detection(
+        run_pipeline(tmp_path / "coco", seed=seed, quiet=True, task="coco", extra=extra), seed, measured
     )
-    learned, uniform = record["policies"]["learned"], record["policies"]["uniform"]
-    measured(
-        f"coco @0.7: learned mAP {learned['map']:.3f} at {learned['token_fraction_mean']:.3f}, uniform {uniform['map']:.3f}"
-    )
-    assert abs(learned["token_fraction_mean"] - 0.7) <= 0.03
-    assert learned["map"] >= 0.9 * uniform["map"]
 
 
 @pytest.mark.slow

@@ -367,3 +367,49 @@ def test_live_labels_follow_the_fine_tuned_patch_embedding(shapes_root, tmp_path
     assert sources and set(sources) == {PackedViT} and not cli.model.label_embedding.ready
     with pytest.raises(ValueError, match=r"label_target='frozen': expected one of \('initial', 'live'\)"):
         fit(shapes_root, tmp_path / "bad", "--model.init_args.label_target=frozen")
+
+
+def test_more_imitation_steps_fit_the_labels_closer_and_leave_the_frozen_model_alone(
+    shapes_root, tmp_path
+) -> None:
+    """``imitation_steps`` re-runs the decision module alone on each warm-start batch: the labels are
+    fitted closer, and a warm start that does not fine-tune leaves backbone and head as they were."""
+
+    def warm_start(steps: int):
+        out = tmp_path / f"steps{steps}"
+        cli = fit(
+            shapes_root,
+            out,
+            *schedule_args(1, 0),
+            "--model.init_args.warm_start_finetune=false",
+            f"--model.init_args.imitation_steps={steps}",
+            "--model.init_args.eval_baselines=[]",
+        )
+        rows = [r for r in csv.DictReader((out / "metrics.csv").open()) if r.get("train/imitation")]
+        return cli.model, [float(r["train/imitation"]) for r in rows]
+
+    one, bce_one = warm_start(1)
+    four, bce_four = warm_start(4)
+    assert len(bce_one) == len(bce_four) == 3 and sum(bce_four) < sum(bce_one)
+    a, b = one.state_dict(), four.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a if k.startswith("model.backbone."))
+    assert any(not torch.equal(a[k], b[k]) for k in a if k.startswith("model.tokenizer.decision."))
+
+
+def test_ppo_keeps_the_annotation_labels_as_an_anchor(shapes_root, tmp_path) -> None:
+    """``label_source: annotations`` with the shapes' object boxes, and ``ppo.imitation``: PPO's updates
+    also fit the oracle's labels (its BCE is logged), and the oracle row is in the summary."""
+    fit(
+        shapes_root,
+        tmp_path,
+        *schedule_args(1, 1),
+        "--data.init_args.objects=objects.json",
+        "--model.init_args.label_source=annotations",
+        "--model.init_args.ppo.imitation=1.0",
+        '--model.init_args.eval_baselines=["uniform","oracle"]',
+    )
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [r for r in rows if r.get("train/ppo_epochs") and r.get("train/imitation")]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    learned, oracle = summary["policies"]["learned"], summary["policies"]["oracle"]
+    assert abs(oracle["token_fraction_mean"] - learned["token_fraction_mean"]) <= 0.03
