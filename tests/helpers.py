@@ -47,6 +47,7 @@ def tiny_args(root, log_dir, *extra: str) -> list[str]:
         "--model.init_args.decision_heads=2",
         "--model.init_args.ppo.samples=2",
         "--model.init_args.ppo.epochs=2",
+        "--model.init_args.imitation_steps=1",  # one decision-module update per warm-start batch
         "--model.init_args.eval_budgets=[]",
         *extra,
     ]

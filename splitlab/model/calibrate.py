@@ -86,13 +86,13 @@ def calibrate(
     before = mean_fraction(model, batches, budget)
     if policy == "learned":
         points = model.tokenizer.operating_points
-        logits: list[list[list[Tensor]]] = [[] for _ in range(len(points.budgets))]
+        budgets = points.calibration_budgets()
+        logits: list[list[list[Tensor]]] = [[] for _ in budgets]
         for images in batches:
             tokens, _ = model.tokenizer.embed(images, model.backbone)
-            for point, at in enumerate(points.budgets.tolist()):
-                logits[point].append(model.tokenizer.decision_logits(tokens, at))
-        for point in range(len(points.budgets)):
-            points.fit(point, [torch.cat(level) for level in zip(*logits[point], strict=True)])
+            for j, at in enumerate(budgets):
+                logits[j].append(model.tokenizer.decision_logits(tokens, at))
+        points.fit_sample([[torch.cat(level) for level in zip(*at, strict=True)] for at in logits])
     else:
         prep = model.preprocessing
         scores = [entropy_scores(images, model.levels, mean=prep.mean, std=prep.std) for images in batches]

@@ -83,7 +83,8 @@ class Calibration:
             collate_fn=loader.collate_fn,
         )
         points = self.tokenizer.operating_points
-        logits: list[list[list[Tensor]]] = [[] for _ in range(len(points.budgets))]
+        budgets = points.calibration_budgets()  # the points, and budgets between them
+        logits: list[list[list[Tensor]]] = [[] for _ in budgets]
         entropies: list[list[Tensor]] = []
         mean, std = self.model.preprocessing.mean, self.model.preprocessing.std
         devices = [self.device] if self.device.type == "cuda" else []
@@ -95,15 +96,16 @@ class Calibration:
                 if not learned:
                     continue
                 tokens, _ = self.tokenizer.embed(images, self.backbone)
-                for point, budget in enumerate(points.budgets.tolist()):
-                    logits[point].append(self.tokenizer.decision_logits(tokens, budget))
+                for j, budget in enumerate(budgets):
+                    logits[j].append(self.tokenizer.decision_logits(tokens, budget))
             if apt:
                 self.set_apt_cuts(sample, entropies)
         if not learned:
             return
-        for point in range(len(points.budgets)):
-            per_level = [torch.cat(level) for level in zip(*logits[point], strict=True)]
-            points.fit(point, per_level, self.mean_over_ranks)  # the cut and the spread: any cap meets it too
+        # the cuts, and the spreads: any cap meets the budgets too
+        points.fit_sample(
+            [[torch.cat(level) for level in zip(*at, strict=True)] for at in logits], self.mean_over_ranks
+        )
 
     # ----------------------------------------------------------------------------- APT trained in the pipeline
     def check_apt(self) -> None:

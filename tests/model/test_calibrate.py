@@ -83,18 +83,17 @@ def test_the_command_writes_a_calibrated_model_that_predict_then_serves(scenes, 
     calibrate_on, held_out = scenes
     off_budget().save_pretrained(tmp_path / "model")
     folder = str(calibrate_on[0].parent)
+    command = [
+        "calibrate",
+        str(tmp_path / "model"),
+        folder,
+        "--out",
+        str(tmp_path / "cut"),
+        "--num-workers",
+        "0",
+    ]
     with pytest.raises(SystemExit) as stop:
-        main(
-            [
-                "calibrate",
-                str(tmp_path / "model"),
-                folder,
-                "--out",
-                str(tmp_path / "cut"),
-                "--num-workers",
-                "0",
-            ]
-        )
+        main(command)
     said = capsys.readouterr().out
     assert (
         stop.value.code == 0
@@ -102,17 +101,7 @@ def test_the_command_writes_a_calibrated_model_that_predict_then_serves(scenes, 
     )
     assert mean_fraction(load(tmp_path / "cut"), held_out) == pytest.approx(0.5, abs=0.03)
     with pytest.raises(SystemExit) as stop:  # the calibrated model is never written over
-        main(
-            [
-                "calibrate",
-                str(tmp_path / "model"),
-                folder,
-                "--out",
-                str(tmp_path / "cut"),
-                "--num-workers",
-                "0",
-            ]
-        )
+        main(command)
     assert stop.value.code == 2 and "--out" in capsys.readouterr().err
     said = f"splitlab calibrate {tmp_path / 'model'} IMAGES --out DIR"  # predict says the budget was missed
     with pytest.raises(SystemExit) as stop, pytest.warns(UserWarning, match=re.escape(said)):

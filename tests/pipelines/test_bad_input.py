@@ -81,7 +81,7 @@ SETTINGS = [
     ("--model.init_args.attn_backend=turbo", "attn_backend='turbo': expected 'auto' or one of"),
     ("--model.init_args.eval_baselines=[apt]", "eval_baselines=['apt']: unknown ['apt']"),
     (
-        "--model.init_args.eval_baselines=[oracle]",
+        "--data.init_args.objects=null",
         "eval_baselines with oracle need annotations that say where the objects are, and this data gives none",
     ),
     ("--model.init_args.decision_context=neighbours", "decision_context='neighbours': expected one of"),
@@ -187,9 +187,12 @@ def test_a_missing_hf_column(tmp_path, capsys) -> None:
     from splitlab.data import generate_shapes
 
     path = generate_shapes(tmp_path / "hf", train=2, val=1, test=1, fmt="hf")
-    args = fit_args(
-        path, tmp_path / "logs", "--data.init_args.root=null", f"--data.init_args.hf_dataset={path}"
-    )
+    hf = [
+        "--data.init_args.root=null",
+        f"--data.init_args.hf_dataset={path}",
+        "--data.init_args.objects=null",
+    ]
+    args = fit_args(path, tmp_path / "logs", *hf)
     fails(
         capsys,
         [*args, "--data.init_args.val_split=validation", "--data.init_args.image_column=img"],

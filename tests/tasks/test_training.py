@@ -29,7 +29,7 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
     )
     assert summary["lambda"] == pytest.approx(by_hand, abs=1e-6)
     assert cli.model.controller.total_steps > 0  # which PPO moved
-    assert set(summary["policies"]) == {"learned", "uniform", "random", "entropy"}
+    assert set(summary["policies"]) == {"learned", "uniform", "random", "entropy", "oracle"}
     rows = summary["policies"]
     for row in rows.values():
         assert set(row) >= {"metric", "token_fraction_mean", "token_fraction_std", "images_per_second"}
@@ -57,7 +57,7 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
         lightning_main([command, *tiny_args(shapes_root, out), f"--ckpt_path={ckpt}"])
         record = json.loads((out / "summary.json").read_text())
         assert record["stage"] == command and record["lambda"] == pytest.approx(summary["lambda"])
-        assert set(record["policies"]) == {"learned", "uniform", "random", "entropy"}
+        assert set(record["policies"]) == {"learned", "uniform", "random", "entropy", "oracle"}
     out = tmp_path / "predict"
     lightning_main(
         ["predict", *tiny_args(shapes_root, out), f"--ckpt_path={ckpt}"]
@@ -142,6 +142,9 @@ def test_resume_matches_the_uninterrupted_run(shapes_root, tmp_path, resume_epoc
     """Weights, λ and stage as if never stopped; with augmentation on too (each sample's random crop
     and flip are seeded by (seed, epoch, index), not by generators a resume re-seeds)."""
     args = [f"--data.init_args.augment={str(augment).lower()}"]
+    if augment:  # a random crop moves the objects: no boxes, the paper's labels
+        args += ["--data.init_args.objects=null", "--model.init_args.label_source=embedding"]
+        args += ['--model.init_args.eval_baselines=["uniform","random","entropy"]']
     full = fit(shapes_root, tmp_path / "full", *schedule_args(2, 2), *args)
     ckpt = next((tmp_path / "full" / "checkpoints").glob(f"epoch={resume_epoch}-*.ckpt"))
     also = [probe(tmp_path / "probe")]
@@ -236,7 +239,7 @@ def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_
     )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["trained_policy"] == "entropy"
-    assert set(summary["policies"]) == {"entropy", "uniform", "random"}  # the trained row, then baselines
+    assert set(summary["policies"]) == {"entropy", "uniform", "random", "oracle"}  # trained row, baselines
     # APT's fixed cuts come from 24 training images and meet the budget on the 12 validation images
     # only up to sampling noise (its budget varies per image); 600 validation images of the CI twin
     # meet ±0.05 (tests/pipelines/test_regression.py)
@@ -307,6 +310,7 @@ def test_the_warm_start_labels_read_a_frozen_copy_of_the_initial_patch_embedding
         tmp_path,
         *schedule_args(1, 0, also=[{"class_path": "tests.helpers.StartWeights"}]),
         "--trainer.limit_train_batches=3",
+        "--model.init_args.label_source=embedding",
     )
     assert len(labelled) == 3 and all(given is out for given, (out, _) in zip(labelled, read, strict=True))
     start = next(c.weights for c in cli.trainer.callbacks if isinstance(c, StartWeights))
@@ -383,6 +387,7 @@ def test_more_imitation_steps_fit_the_labels_closer_and_leave_the_frozen_model_a
             *schedule_args(1, 0),
             "--model.init_args.warm_start_finetune=false",
             f"--model.init_args.imitation_steps={steps}",
+            "--model.init_args.label_source=embedding",  # labels that do not draw ties at random
             "--model.init_args.eval_baselines=[]",
         )
         rows = [r for r in csv.DictReader((out / "metrics.csv").open()) if r.get("train/imitation")]

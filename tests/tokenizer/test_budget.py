@@ -208,8 +208,36 @@ def test_the_cap_fraction_counts_whole_splits() -> None:
 def test_weights_saved_before_the_spread_load_without_it() -> None:
     points = OperatingPoints([0.3, 0.7])
     points.set(0, 1.5)
-    old = {k: v for k, v in points.state_dict().items() if not k.startswith("spread")}
+    old = {k: v for k, v in points.state_dict().items() if not k.startswith(("spread", "between"))}
     fresh = OperatingPoints([0.3, 0.7])
     fresh.load_state_dict(old)  # strict: the spread starts empty
     assert float(fresh.cuts[0]) == 1.5 and int(fresh.spread_counts.sum()) == 0
     assert float(fresh.cut(torch.tensor([0.3]), 0.4)) == 1.5  # no spread: the exact cut stands
+
+
+def test_budgets_between_the_points_are_met_where_the_logits_move_unevenly() -> None:
+    """A conditioned policy's logits need not move evenly between its training points: here they
+    jump between 0.45 and 0.475 (0.46). Cuts interpolated linearly miss the budgets between; the cuts
+    calibrated at three budgets between each two points meet them."""
+    from splitlab.tokenizer import fraction_of
+
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(400, 2, 2, generator=g), torch.randn(400, 4, 4, generator=g)]
+
+    def logits_at(budget: float) -> list[torch.Tensor]:  # a policy whose logits shift unevenly with b
+        shift = 2.0 * (budget >= 0.46) + budget
+        return [level + shift for level in base]
+
+    points = OperatingPoints([0.3, 0.4, 0.5])
+    linear = OperatingPoints([0.3, 0.4, 0.5])
+    budgets = points.calibration_budgets()
+    assert budgets[:3] == pytest.approx([0.3, 0.4, 0.5]) and len(budgets) == 3 + 2 * 3
+    points.fit_sample([logits_at(b) for b in budgets])
+    for p, b in enumerate([0.3, 0.4, 0.5]):
+        linear.fit(p, logits_at(b))
+    for budget in (0.35, 0.44, 0.49):  # between calibrated budgets on either side of the jump
+        at = torch.tensor([budget])
+        met = fraction_of([lg > points.cut(at) for lg in logits_at(budget)]).mean()
+        assert float(met) == pytest.approx(budget, abs=0.02), budget
+    missed = fraction_of([lg > linear.cut(torch.tensor([0.45])) for lg in logits_at(0.45)]).mean()
+    assert abs(float(missed) - 0.45) > 0.05  # the linear interpolation of the points' cuts
