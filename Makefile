@@ -40,12 +40,12 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -s
 
 lint: $(STAMP)
-	$(BIN)/ruff check splitlab tests
-	$(BIN)/ruff format --check splitlab tests
+	$(BIN)/ruff check splitlab tests examples
+	$(BIN)/ruff format --check splitlab tests examples
 
 format: $(STAMP)
-	$(BIN)/ruff format splitlab tests
-	$(BIN)/ruff check --fix splitlab tests
+	$(BIN)/ruff format splitlab tests examples
+	$(BIN)/ruff check --fix splitlab tests examples
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -189,7 +189,7 @@ bench() { # bench NAME SECONDS ARGS...: splitlab bench in bf16 at f = 0.7
     local name=bench-$1 limit=$2
     shift 2
     rm -f "$OUT/$name.json" # the table reads this run's JSONs only
-    start "$name" "$limit" "$PY" -m splitlab bench --device cuda --dtype bfloat16 --fraction 0.7 --warmup 3 \
+    start "$name" "$limit" "$PY" -m splitlab bench --device cuda --dtype bfloat16 --budget 0.7 --warmup 3 \
         --json "$OUT/$name.json" "$@"
     finish
 }

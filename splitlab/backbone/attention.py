@@ -158,6 +158,37 @@ class PaddedBackend(AttentionBackend):
         return out.transpose(1, 2).reshape(st.batch * st.length, heads, v.shape[2]).index_select(0, st.index)
 
 
+class PerImageBackend(AttentionBackend):
+    """SDPA on each image's own rows, without a mask: the cost follows each image's own length.
+
+    On CPU a mask sends SDPA to its math path, and padding to the longest image pays for tokens that
+    are not there: measured on 2 cores, ViT-B heads, 32 images at f ~ 0.7, one attention call took
+    255 ms padded with a key mask, 121 ms padded without one, 75 ms per image, 104 ms for the
+    uniform grid. One call per image costs a launch each, which the CPU pays in microseconds (on
+    CUDA the varlen kernels do the same in one call: ``flash``, ``nested``).
+    """
+
+    name = "per_image"
+
+    def prepare(self, seq: PackedSequence) -> list[tuple[int, int]]:
+        starts = [0]
+        for length in seq.seqlens:
+            starts.append(starts[-1] + length)
+        return list(zip(starts[:-1], starts[1:], strict=True))
+
+    def attend(self, q, k, v, seq, scale, dropout_p):
+        out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+        for start, end in seq.state:
+            out[start:end] = F.scaled_dot_product_attention(
+                q[start:end].transpose(0, 1),
+                k[start:end].transpose(0, 1),
+                v[start:end].transpose(0, 1),
+                dropout_p=dropout_p,
+                scale=scale,
+            ).transpose(0, 1)
+        return out
+
+
 class NestedBackend(AttentionBackend):
     """SDPA on jagged nested tensors: varlen kernels on CUDA, no padding."""
 
@@ -266,7 +297,14 @@ class FlashVarlenBackend(AttentionBackend):
 
 BACKENDS: dict[str, AttentionBackend] = {
     b.name: b
-    for b in (DenseMaskBackend(), PaddedBackend(), NestedBackend(), FlexBackend(), FlashVarlenBackend())
+    for b in (
+        DenseMaskBackend(),
+        PaddedBackend(),
+        PerImageBackend(),
+        NestedBackend(),
+        FlexBackend(),
+        FlashVarlenBackend(),
+    )
 }
 
 

@@ -9,22 +9,11 @@ from typing import Any
 
 import torch
 from lightning import LightningDataModule, Trainer
-from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from splitlab.callbacks import (
-    AgreedCheckpointSave,
-    GracefulStop,
-    LayoutWriter,
-    ResumePosition,
-    SkippedSamples,
-    SlurmRequeue,
-    SplitSchedule,
-    VerifiedCheckpointIO,
-)
+from splitlab.callbacks import GracefulStop, missing_run_callbacks
 from splitlab.cli.checkpoints import (
     keep_csv_history,
     logged_step,
@@ -34,6 +23,7 @@ from splitlab.cli.checkpoints import (
     resolve_last,
 )
 from splitlab.cli.errors import reporting_errors, user_error
+from splitlab.cli.links import LINKED, model_input_size, refuse_linked_settings
 from splitlab.cli.runs import (
     evaluation_folder,
     lock_run,
@@ -46,18 +36,31 @@ from splitlab.tasks import SplitTask, read_checkpoint
 
 __all__ = ["SplitLabCLI", "lightning_main", "main", "reporting_errors", "stop_code", "user_error"]
 
-DEFAULT_CALLBACKS = (SplitSchedule, ResumePosition, LayoutWriter, GracefulStop, SkippedSamples)
-
 
 class SplitLabCLI(CheckpointConfigHook, LightningCLI):
     """LightningCLI over any `SplitTask` and DataModule, adding the callbacks every run needs.
 
-    A recipe that names no `SplitSchedule` gets the default one (1 warm-start epoch, then PPO);
-    `ResumePosition` (exact mid-epoch resume), `LayoutWriter` (``predict`` writes layouts),
-    `GracefulStop` (SIGTERM / Ctrl-C leave a checkpoint) and `SkippedSamples` are added unless the
-    recipe configures its own, and checkpoints are written through `VerifiedCheckpointIO`.
+    The run's callbacks (`splitlab.callbacks.RUN_CALLBACKS`: the schedule, 1 warm-start epoch then PPO
+    unless the recipe names a `SplitSchedule`; exact resume; layouts in predict; a checkpoint on
+    SIGTERM / Ctrl-C; skipped-sample counts; verified checkpoint writes) are added unless the recipe
+    configures its own, as `SplitTask.configure_callbacks` adds them to a plain ``Trainer``.
     ``--ckpt_path last`` finds the newest checkpoint of the recipe's run directory.
     """
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        """One setting per quantity: the data's ``num_classes`` (where it has one: segmentation) and
+        ``img_size`` follow the model's, so a recipe states each once (`splitlab.cli.links`)."""
+        parser.link_arguments(LINKED["num_classes"], "data.init_args.num_classes", apply_on="parse")
+        parser.link_arguments(
+            LINKED["img_size"], "data.init_args.img_size", compute_fn=model_input_size, apply_on="parse"
+        )
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """Parse as Lightning does, refusing a data setting that the model's sets (a link would drop
+        it without a word), and without Lightning's warning about ``args`` beside ``sys.argv``:
+        `lightning_main` sets ``sys.argv`` to the same arguments, for the DDP launcher's ranks."""
+        refuse_linked_settings(args if args is not None else sys.argv[1:])
+        self.config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
 
     def config_from_checkpoint(self) -> None:
         """Build the model as the checkpoint was trained, with the safe changes given (`reconcile`).
@@ -127,27 +130,8 @@ class SplitLabCLI(CheckpointConfigHook, LightningCLI):
             "callbacks", cli_setting(self, self.config_init, "trainer", default={}).get("callbacks")
         )
         given = list(given) if isinstance(given, list | tuple) else ([given] if given else [])
-
-        def present(cls: type) -> bool:  # a SlurmRequeue is a GracefulStop for SIGUSR1 only
-            return any(type(c) is cls if cls is GracefulStop else isinstance(c, cls) for c in given)
-
-        missing = [cls for cls in DEFAULT_CALLBACKS if not present(cls)]
-        if self.subcommand == "fit" and SLURMEnvironment.detect() and not present(SlurmRequeue):
-            # a later config's trainer.callbacks replaces slurm.yaml's list: the requeue must stay
-            # SlurmRequeue's (Lightning's own handler saves from inside the signal handler)
-            rank_zero_info(
-                "splitlab: a SLURM job: adding SlurmRequeue (SIGUSR1 checkpoints at a batch end, requeues)"
-            )
-            missing.append(SlurmRequeue)
-        if SplitSchedule in missing and self.subcommand == "fit":
-            rank_zero_info(
-                "splitlab: no SplitSchedule in trainer.callbacks: using 1 warm-start epoch, then PPO"
-            )
-        trainer = super().instantiate_trainer(**{**kwargs, "callbacks": given + [cls() for cls in missing]})
-        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
-            trainer.strategy.checkpoint_io = VerifiedCheckpointIO()
-        AgreedCheckpointSave.install(trainer.strategy)
-        return trainer
+        missing = missing_run_callbacks(given, fitting=self.subcommand == "fit")
+        return super().instantiate_trainer(**{**kwargs, "callbacks": given + missing})
 
     def before_fit(self) -> None:
         """A resumed fit keeps the history of its ``metrics.csv`` (Lightning's CSV writer deletes it)."""

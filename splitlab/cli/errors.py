@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from splitlab.cli.console import quiet_console
+
 PACKAGE = str(Path(__file__).resolve().parents[1])
 FILE_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError)
 
@@ -109,12 +111,14 @@ DEFAULT_FORMAT = warnings.formatwarning
 
 def reporting_errors(run: Callable[[], Any], argv: Sequence[str] = ()) -> Any:
     """Run ``run``; a bad setting or file ends the process with one line on stderr and exit code 2,
-    and splitlab's own warnings read as one line each (`one_line_warning`).
+    and splitlab's own warnings read as one line each (`one_line_warning`); third-party messages
+    checked to be harmless are silenced (`splitlab.cli.console`).
 
     ``argv``: the command line, to name a config file that is not valid YAML. ``SPLITLAB_DEBUG=1``
     shows the full traceback instead.
     """
     warnings.formatwarning = one_line_warning
+    quiet_console()
     try:
         return run()
     except Exception as error:

@@ -49,6 +49,14 @@ def fraction_list(text: str) -> list[float]:
     return values
 
 
+def positive_int_list(text: str) -> list[int]:
+    """``"1,8,32"`` -> ``[1, 8, 32]`` (batch sizes of a sweep)."""
+    values = [positive_int(v) for v in text.split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one, e.g. 1,8,32,64")
+    return values
+
+
 def device_name(text: str) -> str:
     """A torch device (``cpu``, ``cuda``, ``cuda:1``, ``mps``); whether it is present is checked on use."""
     import torch
@@ -96,3 +104,31 @@ def add_file_reading(p: argparse.ArgumentParser) -> None:
         "--num-workers", type=int, default=min(4, max((os.cpu_count() or 1) - 1, 0)), help="decoding workers"
     )
     p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ...")
+
+
+class RenamedOption(argparse.Action):
+    """An option's old name, kept for one release: it stores what the new name stores and says the
+    new name (a FutureWarning, which the command line prints as one line)."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values, option_string=None
+    ):
+        from splitlab.deprecation import warn_renamed
+
+        warn_renamed(
+            str(option_string), self.new, stacklevel=1
+        )  # the warning is this option's, not argparse's
+        setattr(namespace, self.dest, values)
+
+
+def add_renamed(
+    parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, new: str, old: str, **kwargs
+) -> None:
+    """``new`` as an option, and ``old`` (hidden from the help) as its warned alias."""
+    parser.add_argument(new, **kwargs)
+    alias = {k: v for k, v in kwargs.items() if k in ("type", "dest", "default")}
+    parser.add_argument(old, action=RenamedOption, new=new, help=argparse.SUPPRESS, **alias)

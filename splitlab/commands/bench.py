@@ -23,12 +23,21 @@ import torch
 from torch import Tensor
 
 from splitlab.backbone import backbone_flops
-from splitlab.commands.arguments import count, device_name, fraction, output_file, positive_int
-from splitlab.commands.bench_table import format_bench
+from splitlab.commands.arguments import (
+    add_renamed,
+    count,
+    device_name,
+    fraction,
+    output_file,
+    positive_int,
+    positive_int_list,
+)
+from splitlab.commands.bench_table import format_bench, format_sweep
 from splitlab.metrics import synchronize, timed
 from splitlab.model import Preprocessing, SplitClassifier, SplitModel, load
+from splitlab.model.calibrate import fit_cuts
 from splitlab.model.predict import image_files
-from splitlab.tokenizer import build_layout, calibrate_threshold
+from splitlab.tokenizer import build_layout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,6 +64,7 @@ class BenchConfig:
     patch_size: int | None = None
     predict: bool = False
     workers: int = 1
+    min_seconds: float = 0.0
 
 
 def _device(name: str) -> torch.device:
@@ -93,7 +103,7 @@ def build(cfg: BenchConfig, device: torch.device) -> SplitModel:
             raise ValueError(
                 f"--ckpt {cfg.ckpt}: this run deploys policy {model.policy!r}, not a learned one, so "
                 "its decision module was never trained; bench the same model at the same budget with "
-                f"--fraction {model.budget:g} (a calibrated layout) instead"
+                f"--budget {model.budget:g} (a calibrated layout) instead"
             )
         model.backbone.attn_backend = cfg.attn_backend
     else:
@@ -103,23 +113,21 @@ def build(cfg: BenchConfig, device: torch.device) -> SplitModel:
         config = {"backbone": cfg.model, "backbone_kwargs": kwargs, "attn_backend": cfg.attn_backend}
         config["levels"] = list(cfg.levels) if cfg.levels else None
         model = SplitClassifier(config)
+        if cfg.fraction is not None and cfg.fraction != model.budget:  # the one budget it deploys
+            model.levels.check_fraction(cfg.fraction, "--budget")
+            model = SplitClassifier({**config, "budget": float(cfg.fraction)})
     return model.to(device).eval()
 
 
 @torch.inference_mode()
-def calibrate_policy(model: SplitModel, images: Tensor, fraction: float) -> float:
-    """Set the policy's cut so that deployment (threshold mode) meets ``fraction`` on ``images``.
-
-    The cut replaces every operating point of the loaded policy for this measurement, so the
-    split path runs exactly as deployed, at a known token count. Returns the logit cut.
-    """
-    tokenizer = model.tokenizer
-    tokenizer.levels.check_fraction(fraction, "--fraction")
-    tokens, _ = tokenizer.embed(images, model.backbone)
-    cut = calibrate_threshold(tokenizer.decision_logits(tokens, model.budget), fraction)
-    for point in range(len(tokenizer.operating_points.budgets)):
-        tokenizer.operating_points.set(point, cut)
-    return cut
+def calibrate_policy(model: SplitModel, images: Tensor, budget: float) -> float:
+    """Fit the policy's cuts on ``images`` (`splitlab.model.calibrate.fit_cuts`, what ``splitlab
+    calibrate`` does) and deploy ``budget``: the split path then runs exactly as deployed, at a known
+    token count. Returns the deployed logit cut."""
+    model.levels.check_fraction(budget, "--budget")
+    fit_cuts(model, [images], budget)
+    points = model.tokenizer.operating_points
+    return float(points.cut(torch.tensor([budget], device=points.cuts.device))[0])
 
 
 def _interleaved(
@@ -128,21 +136,32 @@ def _interleaved(
     warmup: int,
     iters: int,
     device: torch.device,
-) -> tuple[float, float]:
-    """Total seconds of ``iters`` calls of each path, after ``warmup`` discarded ones, the two paths
-    alternating so that drifts of a shared machine hit both alike."""
+    min_seconds: float = 0.0,
+) -> tuple[list[float], list[float]]:
+    """Seconds of each timed call of each path, after ``warmup`` discarded ones, the two paths
+    alternating so that drifts of a shared machine hit both alike: at least ``iters`` pairs, and more
+    until each path has run ``min_seconds`` (a short batch timed a few times is noise)."""
     for _ in range(warmup):
         run_uniform()
         run_split()
-    t_uniform = t_split = 0.0
-    for _ in range(iters):
+    uniform: list[float] = []
+    split: list[float] = []
+    while len(uniform) < iters or min(sum(uniform), sum(split)) < min_seconds:
         with timed(device) as elapsed:
             run_uniform()
-        t_uniform += elapsed()
+        uniform.append(elapsed())
         with timed(device) as elapsed:
             run_split()
-        t_split += elapsed()
-    return t_uniform, t_split
+        split.append(elapsed())
+    return uniform, split
+
+
+def spread(uniform: Sequence[float], split: Sequence[float]) -> dict[str, float]:
+    """The speed-up of each timed pair (uniform over SPLIT, same batch, back to back): its
+    quartiles, so that a table says how far one measurement can be trusted."""
+    ratios = torch.tensor([u / s for u, s in zip(uniform, split, strict=True)], dtype=torch.float64)
+    low, median, high = torch.quantile(ratios, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)).tolist()
+    return {"pairs": len(ratios), "q1": low, "median": median, "q3": high}
 
 
 def _host_syncs(fn: Callable[[], Any], device: torch.device) -> int | None:
@@ -202,7 +221,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     if cfg.dtype not in DTYPES:
         raise ValueError(f"--dtype {cfg.dtype}: expected one of {sorted(DTYPES)}")
     if cfg.ckpt is None and cfg.fraction is None:
-        raise ValueError("give --ckpt (a trained SPLIT checkpoint) or --fraction (a calibrated layout)")
+        raise ValueError("give --ckpt (a trained SPLIT checkpoint) or --budget (a calibrated layout)")
     if cfg.images and not Path(cfg.images).is_dir():
         raise FileNotFoundError(f"--images {cfg.images}: no such folder")
     if cfg.predict and not cfg.images:
@@ -247,7 +266,10 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         with torch.inference_mode(), autocast:
             return split_forward(model, images)
 
-    t_uniform, t_split = _interleaved(run_uniform, run_split, cfg.warmup, cfg.iters, device)
+    times_uniform, times_split = _interleaved(
+        run_uniform, run_split, cfg.warmup, cfg.iters, device, cfg.min_seconds
+    )
+    t_uniform, t_split = sum(times_uniform), sum(times_split)
     with autocast:
         parts = breakdown(model, images, cfg.iters, device)
         with torch.inference_mode():
@@ -257,7 +279,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     finest = layout.grid_size[0] * layout.grid_size[1]
     flops_uniform = backbone_flops(backbone.model, [finest + prefix] * cfg.batch_size)
     flops_split = backbone_flops(backbone.model, [n + prefix for n in layout.seqlens])
-    images_done = cfg.batch_size * cfg.iters
+    images_done = cfg.batch_size * len(times_uniform)
     result = {
         "config": {**asdict(cfg), "levels": list(tokenizer.levels.sizes), "img_size": list(size)},
         "device_name": torch.cuda.get_device_name(device)
@@ -267,6 +289,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "throughput_uniform": images_done / t_uniform,
         "throughput_split": images_done / t_split,
         "speedup": t_uniform / t_split,
+        "speedup_spread": spread(times_uniform, times_split),
+        "latency_ms_per_image_uniform": 1e3 * t_uniform / images_done,
+        "latency_ms_per_image_split": 1e3 * t_split / images_done,
         "ideal_speedup": flops_uniform / flops_split,
         "token_fraction": float(layout.fraction.mean()),
         "tokens_uniform": finest,
@@ -314,7 +339,7 @@ def bench_predict(model: SplitModel, uniform: Any, cfg: BenchConfig, device: tor
         results = model.predict(files, batch_size=batch, num_workers=workers)
         fractions[:] = [r["token_fraction"] for r in results]
 
-    t_uniform, t_split = _interleaved(run_uniform, run_split, 1, cfg.iters, device)
+    t_uniform, t_split = map(sum, _interleaved(run_uniform, run_split, 1, cfg.iters, device))
     done = len(files) * cfg.iters
     return {
         "images": len(files),
@@ -334,7 +359,7 @@ def bench_vqa(
 
     with torch.inference_mode(), autocast:
         uniform, split, described = vqa_paths(model, images, cfg.lm)
-        t_uniform, t_split = _interleaved(uniform, split, cfg.warmup, cfg.iters, device)
+        t_uniform, t_split = map(sum, _interleaved(uniform, split, cfg.warmup, cfg.iters, device))
     images_done = cfg.batch_size * cfg.iters
     return {
         **described,
@@ -351,14 +376,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--patch-size", type=positive_int, default=None, help="patch size (default: the model's)")
     p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument(
+        "--batch-sizes",
+        type=positive_int_list,
+        default=None,
+        help="a sweep, e.g. 1,8,32,64: one row per batch size (speed-up and its spread, ideal, overhead, latency)",
+    )
+    p.add_argument(
+        "--min-seconds",
+        type=float,
+        default=None,
+        help="time each path at least this long per batch size (default: 0, or 20 in a sweep)",
+    )
+    p.add_argument(
         "--dtype", default="float32", choices=sorted(DTYPES), help="autocast dtype (float32: none)"
     )
     p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--levels", type=positive_int, nargs="+", default=None, help="patch sizes coarse to fine")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--ckpt", default=None, help="a trained SPLIT checkpoint (its policy decides)")
-    source.add_argument(
-        "--fraction", type=fraction, default=None, help="token fraction of a calibrated layout (default 0.7)"
+    add_renamed(
+        source,
+        "--budget",
+        "--fraction",
+        dest="fraction",
+        type=fraction,
+        default=None,
+        help="the budget: token fraction of a calibrated layout (default 0.7)",
     )
     p.add_argument("--images", default=None, help="a folder of images to use instead of random noise")
     p.add_argument(
@@ -389,8 +432,15 @@ def main(args: argparse.Namespace) -> int:
     cfg = BenchConfig(
         **{**settings, "fraction": 0.7 if args.fraction is None and not args.ckpt else args.fraction}
     )
-    result = run_bench(cfg)
-    print(format_bench(result))
+    sizes = args.batch_sizes
+    seconds = args.min_seconds if args.min_seconds is not None else (20.0 if sizes else 0.0)
+    cfg = dataclasses.replace(cfg, min_seconds=seconds)
+    if sizes:
+        result: dict[str, Any] = {"sweep": [run_bench(dataclasses.replace(cfg, batch_size=b)) for b in sizes]}
+        print(format_sweep(result["sweep"]))
+    else:
+        result = run_bench(cfg)
+        print(format_bench(result))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -97,3 +97,27 @@ def bench_table(records: list[dict[str, Any]]) -> str:
             f"{'n/a' if syncs is None else syncs} |"
         )
     return "\n".join(lines)
+
+
+def format_sweep(records: list[dict[str, Any]]) -> str:
+    """One row per batch size of a ``--batch-sizes`` sweep: the speed-up with its spread over the
+    timed pairs (quartiles), the FLOP-ideal and the share of it, the overhead, latency per image."""
+    first = records[0]
+    cfg = first["config"]
+    lines = [
+        f"{cfg['model']} @ {cfg['img_size'][0]} px, levels {tuple(cfg['levels'])}, {first['device_name']}, "
+        f"{cfg['dtype']}, budget {cfg['fraction']}",
+        "| batch | backend | fraction | uniform img/s | SPLIT img/s | speed-up (q1-q3, pairs) | FLOP-ideal "
+        "| of ideal | overhead | ms/img uniform / SPLIT |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        q = r["speedup_spread"]
+        lines.append(
+            f"| {r['config']['batch_size']} | {r['attn_backend']} | {r['token_fraction']:.3f} | "
+            f"{r['throughput_uniform']:.2f} | {r['throughput_split']:.2f} | {r['speedup']:.3f}x "
+            f"({q['q1']:.3f}-{q['q3']:.3f}, {q['pairs']}) | {r['ideal_speedup']:.3f}x | "
+            f"{r['speedup_over_ideal']:.1%} | {r['overhead_fraction']:.1%} | "
+            f"{r['latency_ms_per_image_uniform']:.1f} / {r['latency_ms_per_image_split']:.1f} |"
+        )
+    return "\n".join(lines)

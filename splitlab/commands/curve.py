@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from splitlab.commands.arguments import fraction_list
+from splitlab.commands.arguments import add_renamed, fraction_list
 from splitlab.report import curve_record, plot_curve
 
 
@@ -24,8 +24,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0],
     )
     p.add_argument("run_dir", help="what a fit leaves: config.yaml and checkpoints/last.ckpt")
-    p.add_argument(
+    add_renamed(
+        p,
+        "--budgets",
         "--fractions",
+        dest="fractions",
         type=fraction_list,
         default=None,
         help="budgets, e.g. 0.3,0.5,0.7 (default: the trained range's ends and the run's target; a policy "
@@ -107,7 +110,7 @@ def _check_trained_budgets(config: Path, fractions: Sequence[float] | None) -> l
         others = target is None or any(abs(f - float(target)) > 1e-6 for f in fractions)
         if others:
             raise ValueError(
-                f"--fractions {','.join(f'{f:g}' for f in fractions)}: {config}'s policy was trained for "
+                f"--budgets {','.join(f'{f:g}' for f in fractions)}: {config}'s policy was trained for "
                 f"budget {target} only (budgets: null); a curve needs a budget-conditioned run "
                 "(model.init_args.budgets: [lowest, highest])"
             )
@@ -116,7 +119,7 @@ def _check_trained_budgets(config: Path, fractions: Sequence[float] | None) -> l
     outside = [f for f in fractions if not lo - 1e-6 <= f <= hi + 1e-6]
     if outside:
         raise ValueError(
-            f"--fractions: {', '.join(f'{f:g}' for f in outside)} outside the range the policy of {config} "
+            f"--budgets: {', '.join(f'{f:g}' for f in outside)} outside the range the policy of {config} "
             f"was trained for (budgets: [{lo:g}, {hi:g}])"
         )
     return list(fractions)

@@ -76,6 +76,12 @@ def model_settings(hparams: Mapping[str, Any], head_keys: Sequence[str]) -> dict
     return config
 
 
+def mlp_width(block: nn.Module) -> int | None:
+    """The hidden width of a timm block's MLP (None where it has no ``fc1``)."""
+    fc1 = getattr(getattr(block, "mlp", None), "fc1", None)
+    return int(fc1.out_features) if fc1 is not None else None
+
+
 class SplitModel(nn.Module, HubWeights):
     """A trained SPLIT model: ``model(images, budget=None, max_fraction=None, policy=None)`` returns
     the task outputs and the `TokenLayout` they were computed on.
@@ -159,6 +165,89 @@ class SplitModel(nn.Module, HubWeights):
         if task not in SplitModel.registry:
             raise ValueError(f"config task={task!r}: expected one of {sorted(SplitModel.registry)}")
         return SplitModel.registry[task](dict(config))
+
+    @classmethod
+    def from_timm(
+        cls,
+        vit: nn.Module,
+        levels: Sequence[int] | None = None,
+        task: str = "classification",
+        budget: float = COMMON["budget"],
+        budgets: Sequence[float] | None = None,
+        **settings: Any,
+    ) -> SplitModel:
+        """A SPLIT model around a timm ViT you already have, its weights copied (for a training loop
+        of your own; `splitlab.load` reads what its ``save_pretrained`` writes).
+
+        The config names the timm architecture and the sizes read from ``vit`` (image and patch size,
+        width, depth, heads), so the saved model rebuilds it; give ``backbone_kwargs`` for anything
+        else you built it with. The decision module is new (untrained) and the cuts uncalibrated.
+
+        Example:
+            >>> vit = timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, num_classes=4)
+            >>> model = SplitModel.from_timm(vit, levels=[32, 16, 8], budget=0.5)
+            >>> outputs, layout = model(torch.randn(2, 3, 64, 64))  # (2, 4) logits, a mixed layout
+
+        Args:
+            vit: a timm `VisionTransformer` or `Eva`.
+            levels: patch sizes, coarse to fine, ending at the ViT's own (None: the default ladder).
+            task: ``classification`` (the timm head), or another task whose head is new.
+            budget: the budget deployed by default; ``budgets``: a conditioned policy's range.
+            **settings: further `SplitModel` settings (``decision_dim``, ``decision_context``,
+                ``backbone_kwargs``, ``head``, ...).
+        """
+        name = (getattr(vit, "pretrained_cfg", None) or {}).get("architecture")
+        if not name:
+            raise ValueError(
+                f"from_timm needs a model built by timm.create_model, got a {type(vit).__name__}"
+            )
+        block = vit.blocks[0]
+        size = vit.patch_embed.img_size
+        kwargs = {
+            "img_size": list(size) if size[0] != size[1] else int(size[0]),
+            "patch_size": int(vit.patch_embed.patch_size[0]),
+            "embed_dim": int(vit.embed_dim),
+            "depth": len(vit.blocks),
+            "num_heads": int(block.attn.num_heads),
+            **(
+                {"mlp_ratio": hidden / vit.embed_dim}
+                if (hidden := mlp_width(block)) != 4 * vit.embed_dim
+                else {}
+            ),
+            **dict(settings.pop("backbone_kwargs", None) or {}),
+        }
+        head = dict(settings.pop("head", None) or {})
+        if task == "classification":
+            head = {"num_classes": int(vit.num_classes), "global_pool": vit.global_pool, **head}
+        points = budget_points(budgets, float(settings.pop("budget_step", 0.1))) if budgets else [budget]
+        config = {
+            **settings,
+            "task": task,
+            "backbone": name,
+            "backbone_kwargs": kwargs,
+            "levels": list(levels) if levels is not None else None,
+            "budget": float(budget),
+            "budget_points": points,
+            "head": head,
+        }
+        model = SplitModel.from_config(config)
+        weights = vit.state_dict()
+        if task != "classification":  # the timm classifier is no part of another task's model
+            weights = {k: v for k, v in weights.items() if not k.startswith("head.")}
+        try:
+            missing, unexpected = model.backbone.model.load_state_dict(
+                weights, strict=task == "classification"
+            )
+            differ = [k for k in missing + unexpected if not k.startswith("head.")]
+            if differ:
+                raise RuntimeError(f"keys that differ\n{differ[0]}")
+        except RuntimeError as err:
+            first = str(err).split("\n")[1].strip() if "\n" in str(err) else str(err)
+            raise ValueError(
+                f"from_timm: {name} rebuilt with {kwargs} does not take the given model's weights ({first}): "
+                "pass backbone_kwargs= the timm.create_model arguments it was built with"
+            ) from None
+        return model
 
     def build_head(self, settings: dict[str, Any]) -> nn.Module | None:
         """The task head (None where the timm model's own head is used)."""

@@ -84,7 +84,16 @@ def calibrate(
     if not batches:
         raise ValueError(f"none of the {len(items)} input(s) is a readable image: nothing to calibrate on")
     before = mean_fraction(model, batches, budget)
-    if policy == "learned":
+    fit_cuts(model, batches, budget)
+    count = sum(len(images) for images in batches)
+    return Calibrated(count, budget, before, mean_fraction(model, batches, budget), skipped)
+
+
+@torch.inference_mode()
+def fit_cuts(model: Any, batches: Sequence[Tensor], budget: float) -> None:
+    """Re-fit ``model``'s cuts on preprocessed ``batches`` and deploy ``budget``: what `calibrate` does
+    once the files are read (``bench`` calls it on its own batch, so it times the deployed path)."""
+    if model.policy == "learned":
         points = model.tokenizer.operating_points
         budgets = points.calibration_budgets()
         logits: list[list[list[Tensor]]] = [[] for _ in budgets]
@@ -100,5 +109,3 @@ def calibrate(
         model.apt_cuts.copy_(level_thresholds(per_level, budget))
         model.apt_fraction.fill_(budget)
     model.set_deployment(budget=budget)
-    count = sum(len(images) for images in batches)
-    return Calibrated(count, budget, before, mean_fraction(model, batches, budget), skipped)

@@ -157,7 +157,9 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
             )
         check_warm_start(label_target, label_source, imitation_steps)
         check_baselines(eval_baselines)
-        self.ppo = ppo or PPOConfig()
+        self.ppo = (
+            PPOConfig(**ppo) if isinstance(ppo, dict) else (ppo or PPOConfig())
+        )  # a checkpoint's dict too
         self.stage: Stage = "warm_start"
         self.sampling = SamplingStream(sampling_seed)
         self.configure_models()

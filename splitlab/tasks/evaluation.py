@@ -178,8 +178,15 @@ class PolicyEvaluation:
                 self.log(f"{split}/{policy}/fraction", values["token_fraction_mean"])
         if not self.evaluates_baselines():  # the summary is written at the end of fit, validate and test
             return
-        if self.deployed_policy != "learned":  # a dense (pretraining) run deploys the uniform grid
-            results = {self.deployed_policy: results.pop("learned"), **results}
+        trained = self.deployed_policy
+        if trained == "learned" and self.stage != "ppo":  # no PPO step ran: the policy only imitated
+            trained = "imitation"
+            results = {
+                k.replace("learned", trained, 1) if k.startswith("learned") else k: v
+                for k, v in results.items()
+            }
+        elif trained != "learned":  # a dense (pretraining) run deploys the uniform grid
+            results = {trained: results.pop("learned"), **results}
         record = summary_record(
             self.task_name,
             self.metric_name,
@@ -187,7 +194,7 @@ class PolicyEvaluation:
             self.controller.value_at(self.target_fraction),
             results,
             str(self.trainer.state.fn.value),
-            trained_policy=self.deployed_policy,
+            trained_policy=trained,
         )
         log_dir = self.trainer.log_dir or self.trainer.default_root_dir
         if self.trainer.is_global_zero:

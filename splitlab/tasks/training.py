@@ -42,6 +42,15 @@ class StageTraining(Optimization):
     task API) and Lightning's.
     """
 
+    def configure_callbacks(self) -> list[Any]:
+        """The run's callbacks the trainer lacks (`splitlab.callbacks.RUN_CALLBACKS`): the stage
+        schedule, exact resume, the checkpoint on a stop, skipped-sample counts, verified checkpoint
+        writes. ``Trainer().fit(task, data)`` from Python so trains what ``lightning fit`` trains
+        (warm start, then PPO); callbacks the user passes, a `SplitSchedule` included, win."""
+        import splitlab  # the package root wires callbacks/ in: tasks/ imports no callback
+
+        return splitlab.missing_run_callbacks(self.trainer.callbacks, fitting=self.trainer.state.fn == "fit")
+
     def set_stage(self, stage: Stage) -> None:
         """Enter a stage: PPO freezes backbone, head and embeddings (and puts them in eval mode)."""
         if stage not in STAGES:

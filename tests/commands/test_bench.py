@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from splitlab.commands import run
+from splitlab.commands import TOOLS, run
 from splitlab.commands.bench import BenchConfig, run_bench
 from splitlab.commands.bench_table import bench_table
 
@@ -118,7 +118,7 @@ def test_the_prefill_takes_the_language_models_dtype() -> None:
 def test_bench_command_writes_json(tmp_path, capsys) -> None:
     out = tmp_path / "bench.json"
     args = ["bench", "--model", "test_vit", "--img-size", "64", "--batch-size", "2", "--levels", "32", "16"]
-    assert run([*args, "--fraction", "0.5", "--iters", "1", "--warmup", "0", "--json", str(out)]) == 0
+    assert run([*args, "--budget", "0.5", "--iters", "1", "--warmup", "0", "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["config"]["levels"] == [32, 16] and "speed-up" in capsys.readouterr().out
 
@@ -161,7 +161,7 @@ def test_bench_from_a_checkpoint(shapes_root, tmp_path) -> None:
         "--model.init_args.budgets=null",  # a fixed policy reads no budget
     ]
     lightning_main(["fit", *tiny_args(shapes_root, apt, *fit_args)])
-    with pytest.raises(ValueError, match="deploys policy 'entropy'.*--fraction 0.5"):
+    with pytest.raises(ValueError, match="deploys policy 'entropy'.*--budget 0.5"):
         run_bench(BenchConfig(ckpt=str(apt / "checkpoints" / "last.ckpt"), fraction=None))
 
 
@@ -179,7 +179,7 @@ def test_bench_from_a_checkpoint(shapes_root, tmp_path) -> None:
         (BenchConfig(model="test_vit", device="cuda"), "--device cuda: CUDA is not available"),
         (
             BenchConfig(model="test_vit", img_size=64, levels=(32, 16), fraction=0.1),
-            "--fraction=0.1 is outside the range",
+            "--budget=0.1 is outside the range",
         ),
         (BenchConfig(model="test_vit", dtype="float8"), "--dtype float8"),
         (BenchConfig(model="test_vit", compile=True, warmup=0), "--compile with --warmup 0 would time"),
@@ -190,3 +190,35 @@ def test_bench_refusals(cfg, message) -> None:
         pytest.skip("this machine has CUDA")
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         run_bench(cfg)
+
+
+@pytest.mark.parametrize(
+    ("command", "old", "new"), [("bench", "--fraction", "--budget"), ("curve", "--fractions", "--budgets")]
+)
+def test_the_old_flag_still_works_and_says_the_new_one(command, old, new) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    TOOLS[command].add_parser(parser.add_subparsers(dest="command"))
+    head = [command, "run"] if command == "curve" else [command]
+    with pytest.warns(FutureWarning, match=f"{old} is now {new}: rename it"):
+        args = parser.parse_args([*head, old, "0.5"])
+    assert args == parser.parse_args([*head, new, "0.5"])
+
+
+def test_a_sweep_writes_one_row_per_batch_size_with_its_spread(tmp_path, capsys) -> None:
+    out = tmp_path / "sweep.json"
+    args = ["bench", "--model", "test_vit", "--img-size", "64", "--levels", "32", "16", "--warmup", "0"]
+    assert (
+        run([*args, "--batch-sizes", "1,3", "--iters", "2", "--min-seconds", "0.05", "--json", str(out)]) == 0
+    )
+    rows = json.loads(out.read_text())["sweep"]
+    assert [r["config"]["batch_size"] for r in rows] == [1, 3]
+    for r in rows:
+        q = r["speedup_spread"]
+        assert q["pairs"] >= 2 and q["q1"] <= q["median"] <= q["q3"]
+        assert r["latency_ms_per_image_split"] > 0 and r["speedup"] == pytest.approx(
+            r["latency_ms_per_image_uniform"] / r["latency_ms_per_image_split"]
+        )
+    table = capsys.readouterr().out
+    assert "| batch | backend |" in table and table.count("| test_vit") == 0 and len(table.splitlines()) == 5

@@ -120,7 +120,10 @@ SETTINGS = [
     ),
     ("--model.init_args.num_classes=3", "the data has 4 classes but model.init_args.num_classes=3"),
     ("--model.init_args.num_classes=7", "the data has 4 classes but model.init_args.num_classes=7"),
-    ("--data.init_args.img_size=32", "data.init_args.img_size=32 differs from the model's input size 64x64"),
+    (
+        "--data.init_args.img_size=32",
+        "data.init_args.img_size (in the command line) follows the model's: set model.init_args.backbone_kwargs.img_size",
+    ),
     ("--data.init_args.root=/no/such/dataset", "data.root='/no/such/dataset': no such directory"),
     ("--data.init_args.train_split=training", "data.root/train_split="),
     ("--trainer.precision=16-true", "trainer.precision=16-true: float16 training is not supported"),
@@ -659,7 +662,7 @@ COMMANDS = [
     (["bench", "--batch-size", "0"], "argument --batch-size: 0 is not a positive integer"),
     (["bench", "--batch-size", "-1"], "argument --batch-size: -1 is not a positive integer"),
     (["bench", "--iters", "0"], "argument --iters: 0 is not a positive integer"),
-    (["bench", "--fraction", "0"], "argument --fraction: 0 is not a token fraction in (0, 1]"),
+    (["bench", "--budget", "0"], "argument --budget: 0 is not a token fraction in (0, 1]"),
     (["bench", "--device", "cuda"], "--device cuda: CUDA is not available"),
     (["bench", "--device", "gpu0"], "argument --device: 'gpu0' is not a torch device"),
     (
@@ -672,7 +675,7 @@ COMMANDS = [
         "--images /no/such/folder",
     ),
     (["curve", "/no/such/run"], "RUN_DIR/config.yaml: /no/such/run/config.yaml not found"),
-    (["curve", ".", "--fractions", ""], "give at least one fraction"),
+    (["curve", ".", "--budgets", ""], "give at least one fraction"),
     (
         ["data", "shapes", "--out", "x", "--image-size", "-4"],
         "argument --image-size: -4 is not a positive integer",

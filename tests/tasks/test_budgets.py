@@ -151,7 +151,7 @@ def test_an_unconditioned_policy_refuses_another_budget(shapes_root, tmp_path) -
         )
     config = next((tmp_path / "run").rglob("config.yaml"))
     with pytest.raises(ValueError, match=r"policy was trained for budget 0.5 only \(budgets: null\)"):
-        run(["curve", str(config.parent), "--ckpt", str(ckpt), "--fractions", "0.3,0.5"])
+        run(["curve", str(config.parent), "--ckpt", str(ckpt), "--budgets", "0.3,0.5"])
 
 
 def test_a_resumed_fit_refuses_changed_training_settings(conditioned, shapes_root, tmp_path) -> None:
@@ -186,7 +186,7 @@ def test_bad_budget_settings_are_refused(shapes_root, tmp_path, setting, message
 
 def test_curve_of_a_run(conditioned, shapes_root, tmp_path) -> None:
     out = tmp_path / "curve"
-    args = ["curve", str(conditioned), "--fractions", "0.35,0.6", "--out", str(out)]
+    args = ["curve", str(conditioned), "--budgets", "0.35,0.6", "--out", str(out)]
     # an override as two words, as a shell user types it, is passed on as one
     assert run([*args, "--data.init_args.root", str(shapes_root), "--trainer.enable_progress_bar=false"]) == 0
     record = json.loads((out / "curve.json").read_text())
@@ -206,7 +206,7 @@ def test_curve_of_a_run(conditioned, shapes_root, tmp_path) -> None:
 
 
 def test_curve_defaults_to_the_budgets_a_run_serves(conditioned, tmp_path) -> None:
-    """Without ``--fractions``: a conditioned run's range ends and its target (one validate); a policy
+    """Without ``--budgets``: a conditioned run's range ends and its target (one validate); a policy
     trained for one budget gets that budget's point (`one_point_curve` runs it on every dense task)."""
     import argparse
 
@@ -233,8 +233,8 @@ def test_curve_defaults_to_the_budgets_a_run_serves(conditioned, tmp_path) -> No
 
 
 def test_curve_refuses_budgets_outside_the_trained_range(conditioned) -> None:
-    with pytest.raises(ValueError, match=r"--fractions: 0.2 outside .* \(budgets: \[0.3, 0.7\]\)"):
-        run(["curve", str(conditioned), "--fractions", "0.2,0.5"])
+    with pytest.raises(ValueError, match=r"--budgets: 0.2 outside .* \(budgets: \[0.3, 0.7\]\)"):
+        run(["curve", str(conditioned), "--budgets", "0.2,0.5"])
 
 
 @pytest.mark.parametrize(
@@ -243,7 +243,7 @@ def test_curve_refuses_budgets_outside_the_trained_range(conditioned) -> None:
 )
 def test_curve_refuses_bad_fractions(conditioned, capsys, fractions, message) -> None:
     with pytest.raises(SystemExit) as exit_:
-        run(["curve", str(conditioned), "--fractions", fractions])
+        run(["curve", str(conditioned), "--budgets", fractions])
     assert exit_.value.code == 2 and message.replace("\\", "") in capsys.readouterr().err.replace("\\", "")
 
 

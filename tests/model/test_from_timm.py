@@ -1,0 +1,50 @@
+"""`SplitModel.from_timm`: a SPLIT model around a timm ViT the user built, its weights copied."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import splitlab
+from splitlab import SplitModel
+
+
+def vit(**kwargs):
+    torch.manual_seed(0)
+    sizes = {"img_size": 64, "patch_size": 8, "embed_dim": 64, "depth": 2, "num_heads": 2, "num_classes": 3}
+    return timm.create_model("vit_tiny_patch16_224", **{**sizes, **kwargs}).eval()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"mlp_ratio": 2.0}], ids=["plain", "narrow-mlp"])
+def test_the_uniform_layout_is_the_timm_model_and_the_saved_model_rebuilds_it(kwargs, tmp_path) -> None:
+    source = vit(**kwargs)
+    model = SplitModel.from_timm(
+        source, levels=[32, 16, 8], budget=0.5, decision_dim=16, decision_heads=2
+    ).eval()
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.allclose(model(images, policy="uniform")[0], source(images), atol=1e-5)
+        outputs, layout = model(images)
+    assert outputs.shape == (2, 3) and (layout.fraction < 1).any()  # a mixed layout, untrained policy
+    model.save_pretrained(tmp_path / "saved")
+    loaded = splitlab.load(tmp_path / "saved")
+    with torch.no_grad():
+        assert torch.equal(loaded(images)[0], outputs)
+    assert loaded.config["backbone"] == "vit_tiny_patch16_224" and loaded.budget == 0.5
+
+
+def test_a_conditioned_policy_and_another_task(tmp_path) -> None:
+    model = SplitModel.from_timm(vit(depth=4), levels=[32, 16, 8], budgets=[0.3, 0.7], task="segmentation",
+                                 head={"num_classes": 5})  # fmt: skip
+    assert model.task == "segmentation" and model.tokenizer.budget_conditioned
+    assert model.tokenizer.operating_points.budgets.tolist() == pytest.approx([0.3, 0.4, 0.5, 0.6, 0.7])
+
+
+def test_a_model_built_with_other_arguments_is_refused_naming_backbone_kwargs() -> None:
+    with pytest.raises(ValueError, match=r"does not take the given model's weights .* pass backbone_kwargs="):
+        SplitModel.from_timm(vit(qkv_bias=False), levels=[32, 16, 8])
+    model = SplitModel.from_timm(vit(qkv_bias=False), levels=[32, 16, 8], backbone_kwargs={"qkv_bias": False})
+    assert model.config["backbone_kwargs"]["qkv_bias"] is False
+    with pytest.raises(ValueError, match="needs a model built by timm.create_model"):
+        SplitModel.from_timm(torch.nn.Linear(2, 2))
