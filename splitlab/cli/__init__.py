@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from jsonargparse import Namespace
 from lightning import LightningDataModule, Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
@@ -60,7 +61,8 @@ class SplitLabCLI(CheckpointConfigHook, LightningCLI):
         it without a word), and without Lightning's warning about ``args`` beside ``sys.argv``:
         `lightning_main` sets ``sys.argv`` to the same arguments, for the DDP launcher's ranks."""
         refuse_linked_settings(args if args is not None else sys.argv[1:])
-        self.config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
+        objects = isinstance(args, dict | Namespace)
+        self.config = parser.parse_object(args) if objects else parser.parse_args(args)
 
     def config_from_checkpoint(self) -> None:
         """Build the model as the checkpoint was trained, with the safe changes given (`reconcile`).

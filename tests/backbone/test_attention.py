@@ -44,7 +44,9 @@ def test_reference_is_per_image_attention() -> None:
 
 
 def test_auto_backend_and_refusals() -> None:
-    assert resolve_backend("auto", "cpu").name == "padded"
+    assert resolve_backend("auto", "cpu").name == "padded"  # autograd records: training
+    with torch.no_grad():
+        assert resolve_backend("auto", "cpu").name == "per_image"  # inference
     with pytest.raises(ValueError, match="attn_backend='fast'"):
         resolve_backend("fast", "cpu")
     with pytest.raises(ValueError, match="attn_backend='flash' is not available"):
