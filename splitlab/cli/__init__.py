@@ -14,7 +14,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from splitlab.callbacks import GracefulStop, missing_run_callbacks
+from splitlab.callbacks import GracefulStop, install_safe_checkpoints, missing_run_callbacks
 from splitlab.cli.checkpoints import (
     keep_csv_history,
     logged_step,
@@ -133,7 +133,9 @@ class SplitLabCLI(CheckpointConfigHook, LightningCLI):
         )
         given = list(given) if isinstance(given, list | tuple) else ([given] if given else [])
         missing = missing_run_callbacks(given, fitting=self.subcommand == "fit")
-        return super().instantiate_trainer(**{**kwargs, "callbacks": given + missing})
+        trainer = super().instantiate_trainer(**{**kwargs, "callbacks": given + missing})
+        install_safe_checkpoints(trainer)  # now, not at setup: a recipe's own callbacks see it there
+        return trainer
 
     def before_fit(self) -> None:
         """A resumed fit keeps the history of its ``metrics.csv`` (Lightning's CSV writer deletes it)."""
