@@ -24,7 +24,7 @@ from splitlab.cli.checkpoints import (
     resolve_last,
 )
 from splitlab.cli.errors import reporting_errors, user_error
-from splitlab.cli.links import LINKED, model_input_size, refuse_linked_settings
+from splitlab.cli.links import LINKED, data_settings, model_input_size, refuse_linked_settings
 from splitlab.cli.runs import (
     evaluation_folder,
     lock_run,
@@ -57,12 +57,12 @@ class SplitLabCLI(CheckpointConfigHook, LightningCLI):
         )
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
-        """Parse as Lightning does, refusing a data setting that the model's sets (a link would drop
-        it without a word), and without Lightning's warning about ``args`` beside ``sys.argv``:
+        """Parse as Lightning does, refusing a data setting that differs from the model's (a link
+        would drop it without a word), and without Lightning's warning about ``args`` beside ``sys.argv``:
         `lightning_main` sets ``sys.argv`` to the same arguments, for the DDP launcher's ranks."""
-        refuse_linked_settings(args if args is not None else sys.argv[1:])
         objects = isinstance(args, dict | Namespace)
         self.config = parser.parse_object(args) if objects else parser.parse_args(args)
+        refuse_linked_settings(args if args is not None else sys.argv[1:], data_settings(self.config))
 
     def config_from_checkpoint(self) -> None:
         """Build the model as the checkpoint was trained, with the safe changes given (`reconcile`).

@@ -2,7 +2,8 @@
 
 The data's ``img_size`` is the model's input size and, where the data module has one (ADE20K), its
 ``num_classes`` is the model's. A link drops a value given for its target without a word, so a
-data setting that a link sets is refused, naming the model's setting to change instead.
+data setting that differs from what the link sets is refused, naming the model's setting to change
+instead (the same value passes: run folders saved before the links state both).
 """
 
 from __future__ import annotations
@@ -56,16 +57,18 @@ def _config_files(args: Sequence[str]) -> list[str]:
     return files
 
 
-def refuse_linked_settings(args: Any) -> None:
-    """Raise when the command line or a ``--config`` file sets a data setting the model's sets."""
-    if not isinstance(args, list | tuple):
-        return
-    given = []
-    for arg in args:
+def given_data_settings(args: Sequence[str]) -> list[tuple[str, Any, str]]:
+    """``(name, value, where)`` for each linked data setting the command line or a ``--config`` file
+    states (the value as written)."""
+    args = [str(a) for a in args]
+    given: list[tuple[str, Any, str]] = []
+    for i, arg in enumerate(args):
+        key, _, value = arg.partition("=")
         for name in LINKED:
-            if str(arg).split("=", 1)[0] in (f"--data.init_args.{name}", f"--data.{name}"):
-                given.append((name, "the command line"))
-    for path in _config_files([str(a) for a in args]):
+            if key in (f"--data.init_args.{name}", f"--data.{name}"):
+                value = value if value or i + 1 >= len(args) else args[i + 1]
+                given.append((name, yaml.safe_load(value) if value else None, "the command line"))
+    for path in _config_files(args):
         try:
             config = yaml.safe_load(Path(path).read_text()) or {}
         except (OSError, yaml.YAMLError):
@@ -74,10 +77,28 @@ def refuse_linked_settings(args: Any) -> None:
         init = data.get("init_args", data) if isinstance(data, dict) else None
         for name in LINKED if isinstance(init, dict) else ():
             if name in init:
-                given.append((name, path))
-    if given:
-        name, where = given[0]
-        raise ValueError(
-            f"data.init_args.{name} (in {where}) follows the model's: set {INSTEAD[name]} instead, "
-            "and state it once"
-        )
+                given.append((name, init[name], path))
+    return given
+
+
+def data_settings(config: Any) -> dict[str, Any]:
+    """The data module's settings in a parsed LightningCLI config (its subcommand's, when it has one),
+    links applied."""
+    config = config.get(config.get("subcommand") or "", config)
+    data = config.get("data") if hasattr(config, "get") else None
+    init = data.get("init_args") if hasattr(data, "get") else None
+    return init.as_dict() if hasattr(init, "as_dict") else dict(init or {})
+
+
+def refuse_linked_settings(args: Any, linked: dict[str, Any]) -> None:
+    """Raise when the command line or a ``--config`` file gives a data setting another value than the
+    model's (``linked``: what the links set). The same value passes: a run's saved ``config.yaml``
+    from before the links states both, and agrees."""
+    if not isinstance(args, list | tuple):
+        return
+    for name, value, where in given_data_settings(args):
+        if name in linked and linked[name] is not None and value != linked[name]:
+            raise ValueError(
+                f"data.init_args.{name}={value} (in {where}) differs from the model's {linked[name]}: the data's "
+                f"follows the model's, so set {INSTEAD[name]} instead (and state it once)"
+            )

@@ -272,9 +272,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     t_uniform, t_split = sum(times_uniform), sum(times_split)
     with autocast:
         parts = breakdown(model, images, cfg.iters, device)
-        with torch.inference_mode():
+        with torch.inference_mode():  # as timed: autocast (flash needs bf16), no autograd (CPU's auto)
             layout = model.layout(images)
-        backend = backbone.pack(layout)[1].backend.name  # as chosen under autocast (flash needs bf16)
+            backend = backbone.pack(layout)[1].backend.name
     prefix = backbone.num_prefix_tokens
     finest = layout.grid_size[0] * layout.grid_size[1]
     flops_uniform = backbone_flops(backbone.model, [finest + prefix] * cfg.batch_size)

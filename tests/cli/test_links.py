@@ -12,7 +12,7 @@ import yaml
 from PIL import Image
 
 from splitlab.cli import lightning_main
-from splitlab.cli.links import INSTEAD, model_input_size, refuse_linked_settings
+from splitlab.cli.links import INSTEAD, given_data_settings, model_input_size, refuse_linked_settings
 from tests.helpers import REPO, schedule_args, twin_configs
 
 RECIPES = sorted((REPO / "tasks").glob("*.yaml")) + sorted((REPO / "configs" / "ci").glob("*.yaml"))
@@ -20,7 +20,7 @@ RECIPES = sorted((REPO / "tasks").glob("*.yaml")) + sorted((REPO / "configs" / "
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_recipe_states_the_image_size_and_classes_once(path: Path) -> None:
-    refuse_linked_settings(["--config", str(path)])  # no data setting that the model's sets
+    assert given_data_settings(["--config", str(path)]) == []  # no data setting that the model's sets
     model = (yaml.safe_load(path.read_text()).get("model") or {}).get("init_args") or {}
     if path.parent.name == "tasks":  # the paper-scale recipes: the model's input size is known
         assert model_input_size(model["backbone"], model.get("backbone_kwargs")) in (336, 448, 640, 1024)
@@ -37,15 +37,20 @@ def test_the_input_size_comes_from_the_kwargs_or_the_timm_model() -> None:
 
 
 @pytest.mark.parametrize("name", ["img_size", "num_classes"])
-def test_a_data_setting_the_model_sets_is_refused_naming_the_models(name: str, tmp_path) -> None:
-    with pytest.raises(
-        ValueError, match=rf"data.init_args.{name} \(in the command line\) .* set {INSTEAD[name]}"
-    ):
-        refuse_linked_settings(["fit", f"--data.init_args.{name}=150"])
-    config = tmp_path / "mine.yaml"
+def test_a_data_setting_other_than_the_models_is_refused_naming_the_models(name: str, tmp_path) -> None:
+    model = {name: 64}
+    for command in (["fit", f"--data.init_args.{name}=150"], ["fit", f"--data.init_args.{name}", "150"]):
+        with pytest.raises(
+            ValueError,
+            match=rf"data.init_args.{name}=150 \(in the command line\) differs .* set {INSTEAD[name]}",
+        ):
+            refuse_linked_settings(command, model)
+        refuse_linked_settings(command, {name: 150})  # the model's own value passes
+    config = tmp_path / "mine.yaml"  # e.g. a run's config.yaml saved before the links: both stated
     config.write_text(yaml.safe_dump({"data": {"init_args": {name: 150}}}))
-    with pytest.raises(ValueError, match=rf"data.init_args.{name} \(in {config}\)"):
-        refuse_linked_settings(["fit", "--config", str(config)])
+    with pytest.raises(ValueError, match=rf"data.init_args.{name}=150 \(in {config}\)"):
+        refuse_linked_settings(["fit", "--config", str(config)], model)
+    refuse_linked_settings(["fit", "--config", str(config)], {name: 150})
 
 
 def test_the_ade20k_twin_on_a_150_class_folder_needs_only_the_models_num_classes(ade_root, tmp_path) -> None:

@@ -122,7 +122,8 @@ SETTINGS = [
     ("--model.init_args.num_classes=7", "the data has 4 classes but model.init_args.num_classes=7"),
     (
         "--data.init_args.img_size=32",
-        "data.init_args.img_size (in the command line) follows the model's: set model.init_args.backbone_kwargs.img_size",
+        "data.init_args.img_size=32 (in the command line) differs from the model's 64: the data's follows the model's, "
+        "so set model.init_args.backbone_kwargs.img_size",
     ),
     ("--data.init_args.root=/no/such/dataset", "data.root='/no/such/dataset': no such directory"),
     ("--data.init_args.train_split=training", "data.root/train_split="),
