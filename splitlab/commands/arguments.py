@@ -119,9 +119,8 @@ class RenamedOption(argparse.Action):
     ):
         from splitlab.deprecation import warn_renamed
 
-        warn_renamed(
-            str(option_string), self.new, stacklevel=1
-        )  # the warning is this option's, not argparse's
+        # stacklevel 1: the warning is this option's (one line on the command line), not argparse's
+        warn_renamed(str(option_string), self.new, stacklevel=1)
         setattr(namespace, self.dest, values)
 
 
