@@ -180,10 +180,14 @@ def stop_code(cli: Any) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     """``lightning {fit,validate,test,predict} ...``: errors about settings and files as one line."""
     args = None if argv is None or list(argv) == sys.argv[1:] else list(argv)
-    cli = reporting_errors(lambda: lightning_main(args), argv=sys.argv[1:] if args is None else args)
+    try:
+        cli = reporting_errors(lambda: lightning_main(args), argv=sys.argv[1:] if args is None else args)
+    finally:  # on the error path too (its one line ends in sys.exit): a process group left to
+        # interpreter exit is torn down in varying order and its threads end in
+        # "terminate called without an active exception" after the one line
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     code = stop_code(cli)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()  # not left to interpreter exit, whose order varies
     if code:
         sys.exit(code)
 

@@ -411,6 +411,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "files against the same loader with timm's model (classification models)",
     )
     p.add_argument("--workers", type=count, default=1, help="--predict: decoding workers")
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="time training instead: one step of each stage (dense, warm start, PPO and its rollouts) per "
+        "image, from a real fit on one repeated batch of random images (splitlab.commands.bench_train)",
+    )
     p.add_argument("--warmup", type=count, default=2)
     p.add_argument("--iters", type=positive_int, default=5)
     p.add_argument("--attn-backend", default="auto")
@@ -433,6 +439,8 @@ def main(args: argparse.Namespace) -> int:
         **{**settings, "fraction": 0.7 if args.fraction is None and not args.ckpt else args.fraction}
     )
     sizes = args.batch_sizes
+    if args.train:
+        return train_main(args, cfg, sizes or [cfg.batch_size])
     seconds = args.min_seconds if args.min_seconds is not None else (20.0 if sizes else 0.0)
     cfg = dataclasses.replace(cfg, min_seconds=seconds)
     if sizes:
@@ -444,4 +452,36 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def train_main(args: argparse.Namespace, cfg: BenchConfig, sizes: Sequence[int]) -> int:
+    """``splitlab bench --train``: one table per batch size (`splitlab.commands.bench_train`)."""
+    from splitlab.commands.bench_train import bench_train, format_train
+
+    if cfg.ckpt or cfg.images or cfg.predict or cfg.lm or cfg.compile:
+        raise ValueError(
+            "--train times a fresh timm model on random images: drop --ckpt, --images, "
+            "--predict, --lm and --compile"
+        )
+    runs = [
+        bench_train(
+            cfg.model,
+            size,
+            cfg.fraction,
+            levels=list(cfg.levels) if cfg.levels else None,
+            img_size=cfg.img_size,
+            patch_size=cfg.patch_size,
+            dtype=cfg.dtype,
+            device=cfg.device,
+            warmup=max(cfg.warmup, 1),
+            iters=cfg.iters,
+            seed=cfg.seed,
+        )
+        for size in sizes
+    ]
+    print("\n\n".join(format_train(r) for r in runs))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"train": runs}, indent=2) + "\n")
     return 0

@@ -70,3 +70,26 @@ def test_the_check_that_explains_an_error_is_the_one_reported(capsys) -> None:
     assert err.startswith(
         "splitlab: error: prompt='<image> {question} {answer}': only {question} may be a field"
     )
+
+
+def test_a_run_that_stops_with_an_error_tears_its_process_group_down(tmp_path, monkeypatch, capsys) -> None:
+    """The one-line error ends in ``sys.exit``: a process group left to interpreter exit was torn
+    down in varying order, and on CI a rank printed "terminate called without an active exception"
+    after its one line. The group goes down before the exit, as after a run that ends well."""
+    import pytest
+    import torch.distributed as dist
+
+    import splitlab.cli as cli
+
+    missing = tmp_path / "recipe.yaml"
+    monkeypatch.setattr(cli, "lightning_main", lambda args: missing.read_text())
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(["fit", "--config", str(missing)])
+        assert stopped.value.code == 2 and not dist.is_initialized()
+        err = capsys.readouterr().err
+        assert err.startswith("splitlab: error: ") and "recipe.yaml" in err
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -222,3 +222,24 @@ def test_a_sweep_writes_one_row_per_batch_size_with_its_spread(tmp_path, capsys)
         )
     table = capsys.readouterr().out
     assert "| batch | backend |" in table and table.count("| test_vit") == 0 and len(table.splitlines()) == 5
+
+
+def test_bench_train_times_each_stage_from_a_fit(tmp_path, capsys) -> None:
+    """One fit, one epoch a stage: each stage's steps are clocked under their own stage (the
+    schedule ran dense, warm start and PPO in that order), the rollouts inside PPO's step only."""
+    out = tmp_path / "train.json"
+    args = ["bench", "--train", "--model", "test_vit", "--img-size", "64", "--levels", "32", "16"]
+    assert run([*args, "--batch-size", "2", "--iters", "2", "--warmup", "1", "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["train"]
+    assert result["steps_timed"] == {"dense": 2, "warm_start": 2, "ppo": 2}
+    assert all(ms > 0 for ms in result["ms_per_image"].values())
+    assert result["relative_to_dense"]["dense"] == 1.0
+    assert 0 < result["ppo_rollout_ms_per_image"] < result["ms_per_image"]["ppo"]
+    assert result["config"]["ppo_samples"] == 4 and result["config"]["levels"] == [32, 16]
+    table = capsys.readouterr().out
+    assert "| warm_start |" in table and "of its step" in table
+
+
+def test_bench_train_refuses_what_it_does_not_time() -> None:
+    with pytest.raises(ValueError, match="--train times a fresh timm model"):
+        run(["bench", "--train", "--model", "test_vit", "--ckpt", "run/last.ckpt"])
