@@ -92,6 +92,7 @@ def format_table(record: dict[str, Any]) -> str:
 
 CURVE_POLICIES = (
     "learned",
+    "transferred",
     "random",
     "entropy",
     "oracle",

@@ -209,6 +209,18 @@ class StartWeights(Callback):
         self.weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
 
 
+class EpochEndWeights(Callback):
+    """Keeps a copy of the model's weights at the end of each training epoch (``weights[epoch]``)."""
+
+    def __init__(self) -> None:
+        self.weights: dict[int, dict[str, torch.Tensor]] = {}
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.weights[trainer.current_epoch] = {
+            k: v.detach().clone() for k, v in pl_module.state_dict().items()
+        }
+
+
 class SignalAt(Callback):
     """Sends a signal (SLURM's requeue signal SIGUSR1 by default) to this process at one batch of one
     epoch, on rank 0 only."""

@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import timm
 import torch
@@ -220,6 +221,9 @@ class PackedViT(nn.Module):
         _check_rope(model, name)
         self.model = model
         self.attn_backend = attn_backend
+        # Inference-only cache of resampled position embeddings (pos_embed_grid): the bicubic
+        # resample of a coarse grid costs as much as the quadtree walk at batch 1.
+        self._resampled: dict[tuple[Any, ...], Tensor] = {}
         self._patch_attention(name)
 
     def _patch_attention(self, name: str) -> None:
@@ -237,6 +241,10 @@ class PackedViT(nn.Module):
                     f"model_name={name!r}: attention type {type(attn).__name__} is not timm's Attention or "
                     "EvaAttention, which PackedViT supports"
                 )
+
+    def _apply(self, fn: Any, recurse: bool = True) -> PackedViT:
+        self._resampled.clear()  # .to(), .half(), ...: new weights, whatever their versions say
+        return super()._apply(fn, recurse)
 
     @property
     def attn_backend(self) -> str:
@@ -286,11 +294,24 @@ class PackedViT(nn.Module):
         skip = 0 if self.model.no_embed_class else self.num_prefix_tokens
         patch_pos = pos[:, skip:]
         old = tuple(self.model.patch_embed.grid_size)
-        if tuple(grid) != old:
-            patch_pos = resample_abs_pos_embed(
-                patch_pos, new_size=list(grid), old_size=list(old), num_prefix_tokens=0
-            )
-        return patch_pos.view(grid[0], grid[1], -1)
+        if tuple(grid) == old:
+            return patch_pos.view(grid[0], grid[1], -1)
+        # Computed once per weights under inference mode (an in-place update of the embedding bumps
+        # its version, so a changed embedding is a new key); never while autograd, a compiler or export traces.
+        tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+        cacheable = torch.is_inference_mode_enabled() and not tracing
+        key = (tuple(grid), pos._version, pos.data_ptr(), pos.device, pos.dtype) if cacheable else None
+        if key in self._resampled:
+            return self._resampled[key]
+        patch_pos = resample_abs_pos_embed(
+            patch_pos, new_size=list(grid), old_size=list(old), num_prefix_tokens=0
+        )
+        patch_pos = patch_pos.view(grid[0], grid[1], -1)
+        if key is not None:
+            if len(self._resampled) >= 16:  # keys of earlier weights or devices
+                self._resampled.clear()
+            self._resampled[key] = patch_pos
+        return patch_pos
 
     def prefix_tokens(self, batch: int) -> Tensor:
         """``(B, P, D)`` CLS and register tokens with their position embedding, as timm adds it."""

@@ -197,10 +197,15 @@ def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
 @torch.inference_mode()
 def breakdown(model: SplitModel, images: Tensor, iters: int, device: torch.device) -> dict[str, float]:
     """Seconds per batch in embed / decide / walk / backbone: the deployed path's steps one by one
-    (instrumented pass, syncs between parts)."""
+    (instrumented pass, syncs between parts); and ``patch_embed``, the finest level's patch
+    embedding alone: part of embed, and work timm's uniform forward does too."""
     parts = dict.fromkeys(("embed", "decide", "walk", "backbone"), 0.0)
     tokenizer, backbone = model.tokenizer, model.backbone
+    parts["patch_embed"] = 0.0
     for _ in range(iters):
+        with timed(device) as patch_embed:
+            backbone.embed_patches(images)
+        parts["patch_embed"] += patch_embed() / iters
         with timed(device) as embed:
             tokens, _ = tokenizer.embed(images, backbone)
         with timed(device) as decide:
@@ -211,7 +216,9 @@ def breakdown(model: SplitModel, images: Tensor, iters: int, device: torch.devic
             layout = build_layout(tokens, decisions, tokenizer.levels, logits)
         with timed(device) as run_backbone:
             backbone.forward_head(backbone(layout))
-        for key, elapsed in zip(parts, (embed, decide, walk, run_backbone), strict=True):
+        for key, elapsed in zip(
+            ("embed", "decide", "walk", "backbone"), (embed, decide, walk, run_backbone), strict=True
+        ):
             parts[key] += elapsed() / iters
     return parts
 
@@ -300,6 +307,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "gflops_split_per_image": flops_split / cfg.batch_size / 1e9,
         "time_ms": {k: v * 1e3 for k, v in parts.items()},
         "overhead_fraction": (parts["embed"] + parts["decide"] + parts["walk"]) / parts["backbone"],
+        # what SPLIT runs beyond the uniform forward: its own patch embedding is work timm does too
+        "overhead_beyond_uniform_fraction": (
+            parts["embed"] - parts["patch_embed"] + parts["decide"] + parts["walk"]
+        )
+        / parts["backbone"],
         "peak_memory_mib_uniform": _peak_memory(run_uniform, device),
         "peak_memory_mib_split": _peak_memory(run_split, device),
         "host_syncs_per_batch": _host_syncs(run_split, device),

@@ -27,9 +27,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--task", choices=sorted(PIPELINES), default="classification", help="which CI twin")
     demo.add_argument(
         "--policy",
-        choices=("learned", "entropy", "random"),
+        choices=("learned", "entropy", "random", "transferred"),
         default="learned",
-        help="the policy to train: SPLIT, or APT (entropy) / random fine-tuned in the same pipeline",
+        help="the policy to train: SPLIT, or APT (entropy) / random fine-tuned in the same pipeline, or "
+        "another run's policy (transferred, from --policy-checkpoint; docs/reuse.md)",
+    )
+    demo.add_argument(
+        "--policy-checkpoint",
+        default=None,
+        help="with --policy transferred: the run whose policy this demo deploys (e.g. a demo of another task)",
     )
     demo.add_argument(
         "--background", choices=("busy", "flat"), default="busy", help="generated shapes' background"
@@ -259,9 +265,17 @@ def run_pipeline(
 
 
 def main(args: argparse.Namespace) -> int:
+    if (args.policy == "transferred") != bool(args.policy_checkpoint):
+        raise ValueError(
+            "--policy transferred and --policy-checkpoint RUN go together: the policy comes from that run"
+        )
+    extra = (
+        [f"--model.init_args.policy_checkpoint={args.policy_checkpoint}"] if args.policy_checkpoint else []
+    )
     record = run_pipeline(
         args.out,
         args.seed,
+        extra=extra,
         task=args.task,
         policy=args.policy,
         background=args.background,

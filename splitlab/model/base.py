@@ -33,7 +33,10 @@ from splitlab.tokenizer import (
 )
 
 POLICIES = ("learned", "uniform", "entropy", "random")
-TRAINED_POLICIES = ("learned", "entropy", "random")
+# what a task can train and deploy; ``transferred`` deploys a learned policy another run trained
+TRAINED_POLICIES = ("learned", "entropy", "random", "transferred")
+# the policy a trained one deploys where the two differ: a transferred policy is a learned one
+DEPLOYS = {"transferred": "learned"}
 # what the decision of a patch reads besides the patch: its 4 children (the paper's), or also every
 # finest patch under it (`splitlab.tokenizer.SplitDecision`)
 DECISION_CONTEXTS = ("children", "descendants")
@@ -72,6 +75,8 @@ def model_settings(hparams: Mapping[str, Any], head_keys: Sequence[str]) -> dict
         head={k: copy.deepcopy(hparams[k]) for k in head_keys if k in hparams},
     )
     config["backbone_kwargs"] = dict(config.get("backbone_kwargs") or {})
+    if config.get("policy") in DEPLOYS:  # the policy the model deploys: a transferred one is learned
+        config["policy"] = DEPLOYS[config["policy"]]
     config["levels"] = list(config["levels"]) if config.get("levels") is not None else None
     return config
 

@@ -14,13 +14,14 @@ from splitlab.backbone import PackedViT
 from splitlab.lightning_private import attached_trainer
 from splitlab.metrics import PolicyStats
 from splitlab.model import SplitModel, model_settings
-from splitlab.model.base import TRAINED_POLICIES as POLICIES
+from splitlab.model.base import DEPLOYS
 from splitlab.rl import BudgetSampler, FractionController, PPOConfig
 from splitlab.tasks.calibration import Calibration
 from splitlab.tasks.evaluation import PolicyEvaluation, check_baselines, slot
 from splitlab.tasks.renamed import adopt_renamed
 from splitlab.tasks.state import SamplingStream, TaskState
 from splitlab.tasks.training import Stage, StageTraining, check_warm_start
+from splitlab.tasks.transfer import check_policy, transferred_decision
 from splitlab.tokenizer import LabelEmbedding, Levels, SplitTokenizer, TokenLayout
 
 
@@ -85,6 +86,8 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         lambda_damping: float = 0.0,
         lambda_init: float = 0.0,
         policy: str = "learned",
+        policy_checkpoint: str | None = None,
+        transfer_finetune: bool = False,
         entropy_thresholds: Sequence[float] | None = None,
         apt_search: str = "metric",
         eval_baselines: Sequence[str] | None = ("uniform", "random", "entropy"),
@@ -135,7 +138,10 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
             lambda_damping: derivative gain of the fraction controller.
             lambda_init: starting λ.
             policy: the layout policy this run trains and deploys: ``learned`` (SPLIT), ``entropy``
-                (APT, fine-tuned on its layouts in the warm start, no PPO) or ``random``.
+                (APT, fine-tuned on its layouts in the warm start, no PPO), ``random``, or
+                ``transferred`` (``policy_checkpoint``'s decision module, frozen; docs/reuse.md).
+            policy_checkpoint: the run a ``transferred`` policy comes from (folder, .ckpt, save_pretrained).
+            transfer_finetune: PPO's epochs fine-tune a ``transferred`` policy (false: they cost nothing).
             entropy_thresholds: with ``policy: entropy``, APT's own per-level thresholds in bits,
                 coarse to fine (APT lists them fine to coarse); null: cuts that meet ``target_fraction``.
             apt_search: how those cuts are set: ``metric`` (the lowest task loss at the budget on the
@@ -149,20 +155,16 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         self.hparams.eval_budgets = list(eval_budgets or [])  # `null` means none, as `[]` does
         self.hparams.eval_baselines = eval_baselines = list(eval_baselines or [])
         self.automatic_optimization = False
-        if policy not in POLICIES:
-            raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
-        if policy != "learned" and budgets is not None:
-            raise ValueError(
-                f"budgets={list(budgets)} needs policy='learned' (a {policy} layout reads no budget)"
-            )
+        check_policy(policy, budgets, policy_checkpoint, transfer_finetune)
         check_warm_start(label_target, label_source, imitation_steps)
         check_baselines(eval_baselines)
-        self.ppo = (
-            PPOConfig(**ppo) if isinstance(ppo, dict) else (ppo or PPOConfig())
-        )  # a checkpoint's dict too
+        # PPO's settings: a PPOConfig, or a checkpoint's (or a recipe's) dict of them
+        self.ppo = PPOConfig(**ppo) if isinstance(ppo, dict) else (ppo or PPOConfig())
         self.stage: Stage = "warm_start"
         self.sampling = SamplingStream(sampling_seed)
         self.configure_models()
+        if policy == "transferred":  # another run's decision module, deployed frozen
+            self.tokenizer.decision.load_state_dict(transferred_decision(policy_checkpoint, self.model))
         self.check_apt()
         self.sync_deployed()
         self.configure_metrics()
@@ -268,7 +270,7 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     def deployed_policy(self) -> str:
         """What inference uses: the trained policy (``policy``), or the uniform grid while only dense
         training has run."""
-        return "uniform" if self.stage == "dense" else self.hparams.policy
+        return "uniform" if self.stage == "dense" else DEPLOYS.get(self.hparams.policy, self.hparams.policy)
 
     def sync_deployed(self) -> None:
         """Tell the model which policy it deploys (and so which one its hard cap binds)."""

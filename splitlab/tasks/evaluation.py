@@ -179,8 +179,11 @@ class PolicyEvaluation:
         if not self.evaluates_baselines():  # the summary is written at the end of fit, validate and test
             return
         trained = self.deployed_policy
-        if trained == "learned" and self.stage != "ppo":  # no PPO step ran: the policy only imitated
+        if trained == "learned" and self.hparams.policy == "transferred":  # another run's policy
+            trained = "transferred"
+        elif trained == "learned" and self.stage != "ppo":  # no PPO step ran: the policy only imitated
             trained = "imitation"
+        if trained in ("transferred", "imitation"):
             results = {
                 k.replace("learned", trained, 1) if k.startswith("learned") else k: v
                 for k, v in results.items()

@@ -66,6 +66,15 @@ class StageTraining(Optimization):
             module.train(trainable and self.training)
 
     @property
+    def policy_trains(self) -> bool:
+        """Whether this stage updates the decision module: a learned policy's warm start (imitation)
+        and PPO, a transferred one's PPO with ``transfer_finetune``; never a fixed policy's."""
+        hp = self.hparams
+        if hp.policy == "learned":
+            return self.stage != "dense"
+        return hp.policy == "transferred" and bool(hp.transfer_finetune) and self.stage == "ppo"
+
+    @property
     def task_frozen(self) -> bool:
         """Whether this stage leaves backbone, head and embeddings as they are: PPO, and the warm
         start of a run that does not fine-tune in it (``warm_start_finetune: false``)."""
@@ -80,8 +89,8 @@ class StageTraining(Optimization):
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
         images, targets = self.unpack_batch(batch)
-        if self.task_frozen and self.hparams.policy != "learned":
-            return None  # a fixed policy (entropy, random) has nothing to learn with the task frozen
+        if self.task_frozen and not self.policy_trains:
+            return None  # nothing learns: a fixed (or frozen transferred) policy with the task frozen
         if self.stage == "ppo":
             stats = self.ppo_step(images, targets, batch)
         else:
@@ -102,6 +111,13 @@ class StageTraining(Optimization):
         if self.stage == "dense":
             uniform = [t.new_ones(t.shape[:3]) for t in tokens[:-1]]
             layout = self.tokenizer.tokenize(tokens, "scores", scores=uniform, threshold=0.0)
+            imitation = None
+        elif self.hparams.policy == "transferred":  # fine-tuned on the frozen policy's deployed layouts
+            point, budget = self.step_budget()
+            with torch.no_grad():
+                logits = self.tokenizer.decision_logits(tokens, budget)
+            stats["deployed_fraction"] = self.calibrate(logits, point, budget).mean()
+            layout = self.tokenizer.tokenize(tokens, "threshold", logits=logits, budget=budget)
             imitation = None
         elif self.hparams.policy != "learned":  # APT and random, fine-tuned on their own layouts
             scores, cut = self.model.scores(self.hparams.policy, images, self.target_fraction, self.generator)

@@ -123,6 +123,30 @@ def test_gradients_through_packing_equal_timms_on_a_uniform_layout(tiny_vit, tin
     assert tiny_vit.model.cls_token.grad.abs().sum() > 0
 
 
+def test_resampled_position_embedding_follows_the_weights_it_was_cached_from() -> None:
+    """Under inference mode a coarse grid's resample is computed once; an update of the embedding
+    (an optimizer step, a state-dict load) or a dtype move is seen at once, and autograd never
+    reads the cache (the embedding trains through it)."""
+    backbone = PackedViT("test_vit", img_size=64)
+    pos = backbone.model.pos_embed
+    with torch.inference_mode():
+        first = backbone.pos_embed_grid((2, 2))
+        assert backbone.pos_embed_grid((2, 2)) is first  # cached
+    with torch.no_grad():
+        pos.add_(1.0)  # as an optimizer step does, in place
+    with torch.inference_mode():
+        updated = backbone.pos_embed_grid((2, 2))
+    assert torch.allclose(updated, first + 1.0, atol=1e-5)  # bicubic weights sum to one
+    backbone.load_state_dict({k: v.clone() * 0 for k, v in backbone.state_dict().items()})
+    with torch.inference_mode():
+        assert backbone.pos_embed_grid((2, 2)).abs().max() == 0
+    backbone.double()
+    with torch.inference_mode():
+        assert backbone.pos_embed_grid((2, 2)).dtype == torch.float64
+    grad_path = backbone.pos_embed_grid((2, 2))
+    assert grad_path.requires_grad and grad_path.grad_fn is not None
+
+
 def test_dense_model_still_works_after_patching(tiny_vit) -> None:
     x = torch.randn(2, 3, 64, 64)
     fresh = timm.create_model("test_vit", img_size=64, depth=2).eval()

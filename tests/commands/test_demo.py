@@ -152,3 +152,14 @@ def test_a_demo_writes_only_into_a_folder_of_its_own(tmp_path, monkeypatch, caps
         main(["demo", "--out", str(ours), "--policy", "entropy"])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "a demo of --policy learned lives there, not --policy entropy" in err
+
+
+@pytest.mark.parametrize("args", [["--policy", "transferred"], ["--policy-checkpoint", "runs/coco"]])
+def test_a_transferred_demo_names_the_run_its_policy_comes_from(tmp_path, capsys, args) -> None:
+    """``--policy transferred`` and ``--policy-checkpoint`` go together, refused in one line before
+    anything is generated or trained."""
+    with pytest.raises(SystemExit) as stop:
+        main(["demo", "--out", str(tmp_path / "demo"), "--task", "ade20k", *args])
+    assert stop.value.code == 2
+    assert "--policy transferred and --policy-checkpoint RUN go together" in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()
