@@ -57,6 +57,12 @@ def test_a_transferred_policy_is_deployed_frozen_while_the_backbone_fine_tunes(
     blocks = [k for k in start if k.startswith("model.backbone.model.blocks.")]
     assert any(not torch.equal(start[k], end[k]) for k in blocks)  # the warm start fine-tuned it
     assert cli.model.model.policy == "learned"  # what it deploys: the decision module decides
+    # splitlab compare puts the source's learned row and this run's transferred row side by side
+    from splitlab.commands import run
+
+    assert run(["compare", str(folder), str(tmp_path), "--out", str(tmp_path / "compare")]) == 0
+    rows = json.loads((tmp_path / "compare" / "compare.json").read_text())["rows"]
+    assert [r["trained_policy"] for r in rows][:2] == ["learned", "transferred"]
 
 
 def test_transfer_finetune_trains_the_transferred_policy_in_ppo_only(
