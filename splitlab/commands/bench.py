@@ -199,13 +199,11 @@ def breakdown(model: SplitModel, images: Tensor, iters: int, device: torch.devic
     """Seconds per batch in embed / decide / walk / backbone: the deployed path's steps one by one
     (instrumented pass, syncs between parts); and ``patch_embed``, the finest level's patch
     embedding alone: part of embed, and work timm's uniform forward does too."""
-    parts = dict.fromkeys(("embed", "decide", "walk", "backbone"), 0.0)
+    parts = dict.fromkeys(("patch_embed", "embed", "decide", "walk", "backbone"), 0.0)
     tokenizer, backbone = model.tokenizer, model.backbone
-    parts["patch_embed"] = 0.0
     for _ in range(iters):
         with timed(device) as patch_embed:
             backbone.embed_patches(images)
-        parts["patch_embed"] += patch_embed() / iters
         with timed(device) as embed:
             tokens, _ = tokenizer.embed(images, backbone)
         with timed(device) as decide:
@@ -216,9 +214,7 @@ def breakdown(model: SplitModel, images: Tensor, iters: int, device: torch.devic
             layout = build_layout(tokens, decisions, tokenizer.levels, logits)
         with timed(device) as run_backbone:
             backbone.forward_head(backbone(layout))
-        for key, elapsed in zip(
-            ("embed", "decide", "walk", "backbone"), (embed, decide, walk, run_backbone), strict=True
-        ):
+        for key, elapsed in zip(parts, (patch_embed, embed, decide, walk, run_backbone), strict=True):
             parts[key] += elapsed() / iters
     return parts
 

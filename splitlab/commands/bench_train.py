@@ -26,9 +26,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from splitlab.callbacks import SplitSchedule
 from splitlab.metrics import synchronize
+from splitlab.tasks.training import STAGES
 
 PRECISION = {"float32": "32-true", "bfloat16": "bf16-mixed"}
-STAGES = ("dense", "warm_start", "ppo")
 
 
 class StepClock(Callback):
