@@ -33,6 +33,18 @@ def format_bench(r: dict[str, Any]) -> str:
             "ideal (FLOP) speed-up",
             f"{r['ideal_speedup']:.3f}x  (achieved {r['speedup_over_ideal']:.1%} of ideal)",
         ),
+        *(
+            [
+                (
+                    "dense ideal speed-up",
+                    f"{r['dense_ideal']['speedup']:.3f}x  (timm's blocks at {r['dense_ideal']['tokens_per_image']} "
+                    f"against {r['dense_ideal']['tokens_per_image_uniform']} tokens; achieved "
+                    f"{r['speedup_over_dense_ideal']:.1%} of it)",
+                )
+            ]
+            if "dense_ideal" in r
+            else []
+        ),
         (
             "time embed/decide/walk/backbone",
             f"{t['embed']:.1f} / {t['decide']:.1f} / {t['walk']:.1f} / {t['backbone']:.1f} ms",
@@ -104,24 +116,36 @@ def bench_table(records: list[dict[str, Any]]) -> str:
 
 
 def format_sweep(records: list[dict[str, Any]]) -> str:
-    """One row per batch size of a ``--batch-sizes`` sweep: the speed-up with its spread over the
-    timed pairs (quartiles), the FLOP-ideal and the share of it, the overhead, latency per image."""
+    """One row per batch size of a ``--batch-sizes`` sweep: the speed-up of the typical timed pair
+    (the median of the per-pair ratios, uniform then SPLIT back to back on the same batch) with its
+    quartiles, the FLOP-ideal and the share of it (and, with ``--dense-ideal``, the dense ideal's
+    median and the share of that), the overhead, latency per image. The median: on a shared host a
+    burst of other work slows a few pairs, which a ratio of summed times counts in full (the img/s
+    columns are the summed times')."""
     first = records[0]
     cfg = first["config"]
+    dense = "dense_ideal" in first
     lines = [
         f"{cfg['model']} @ {cfg['img_size'][0]} px, levels {tuple(cfg['levels'])}, {first['device_name']}, "
         f"{cfg['dtype']}, budget {cfg['fraction']}",
-        "| batch | backend | fraction | uniform img/s | SPLIT img/s | speed-up (q1-q3, pairs) | FLOP-ideal "
-        "| of ideal | overhead (beyond uniform) | ms/img uniform / SPLIT |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| batch | backend | fraction | uniform img/s | SPLIT img/s | speed-up, median (q1-q3, pairs) | FLOP-ideal "
+        "| of ideal | "
+        + ("dense ideal | of dense ideal | " if dense else "")
+        + "overhead (beyond uniform) | ms/img uniform / SPLIT |",
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if dense else ""),
     ]
     for r in records:
         q = r["speedup_spread"]
+        ideal = (
+            f"{r['dense_ideal']['speedup_spread']['median']:.3f}x | {r['speedup_median_over_dense_ideal']:.1%} | "
+            if "dense_ideal" in r
+            else ""
+        )
         lines.append(
             f"| {r['config']['batch_size']} | {r['attn_backend']} | {r['token_fraction']:.3f} | "
-            f"{r['throughput_uniform']:.2f} | {r['throughput_split']:.2f} | {r['speedup']:.3f}x "
+            f"{r['throughput_uniform']:.2f} | {r['throughput_split']:.2f} | {q['median']:.3f}x "
             f"({q['q1']:.3f}-{q['q3']:.3f}, {q['pairs']}) | {r['ideal_speedup']:.3f}x | "
-            f"{r['speedup_over_ideal']:.1%} | {r['overhead_fraction']:.1%} "
+            f"{r['speedup_median_over_ideal']:.1%} | {ideal}{r['overhead_fraction']:.1%} "
             f"({r['overhead_beyond_uniform_fraction']:.1%}) | "
             f"{r['latency_ms_per_image_uniform']:.1f} / {r['latency_ms_per_image_split']:.1f} |"
         )

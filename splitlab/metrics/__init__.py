@@ -12,7 +12,7 @@ importable from here.
 from splitlab.metrics.coverage import FineCoverage, cell_classes, instance_label_map
 from splitlab.metrics.detection import coco_truth, detection_metrics, map_backend
 from splitlab.metrics.policy import PolicyStats
-from splitlab.metrics.timing import synchronize, timed
+from splitlab.metrics.timing import interleaved, pair_spread, synchronize, timed
 from splitlab.metrics.vqa import (
     ANSWERS_PER_QUESTION,
     VQA_ANSWER_TYPES,
@@ -35,8 +35,10 @@ __all__ = [
     "coco_truth",
     "detection_metrics",
     "instance_label_map",
+    "interleaved",
     "map_backend",
     "normalize_answer",
+    "pair_spread",
     "synchronize",
     "timed",
     "vqa_score",

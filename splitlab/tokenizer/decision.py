@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from timm.layers import Mlp
 from torch import Tensor, nn
@@ -68,6 +70,66 @@ class SplitDecision(nn.Module):
     def sees_descendants(self) -> bool:
         return self.descendant is not None
 
+    def project(self, level_tokens: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        """The per-token work, once per level: LayerNorm, then the query of every patch that is a
+        parent (every level but the finest) and the keys and values of every patch that is a child
+        (every level but the coarsest), ``(..., dim)`` and ``(..., 2 * dim)``.
+
+        Done before the patches are grouped by parent, on each level's grid as it comes: grouping
+        then moves ``2 * dim`` values per patch instead of the embedding's ``D``, and a decision
+        module that reads descendants reuses the finest level's keys instead of projecting the
+        finest patches again for every level above (the tokenizer's cost, docs/performance.md)."""
+        last = len(level_tokens) - 1
+        queries, keys_values = [], []
+        for k, tokens in enumerate(level_tokens):
+            normed = self.norm(tokens.detach())
+            if k < last:
+                queries.append(self.query(normed))
+            if k > 0:
+                keys_values.append(self.key_value(normed))
+        return queries, keys_values
+
+    def decide(
+        self,
+        query: Tensor,
+        children: Tensor,
+        budget: Tensor | None = None,
+        descendants: Tensor | None = None,
+    ) -> Tensor:
+        """Split logits from projected parents and children (`project`).
+
+        Args:
+            query: ``(B, N, dim)`` the parents' queries.
+            children: ``(B, N, 4, 2 * dim)`` keys and values of each parent's children.
+            budget: ``(B,)`` token budget of each image (budget-conditioned modules only).
+            descendants: ``(B, N, M, 2 * dim)`` keys and values of the finest patches under each
+                parent (modules built with ``see_descendants`` only; None for parents of finest patches).
+        """
+        if self.budget_conditioned and budget is None:
+            raise ValueError(
+                "this decision module is budget-conditioned: pass the token budget of each image"
+            )
+        k, v = children.chunk(2, dim=-1)  # (..., 4, dim)
+        k = k + self.quadrant.to(k.dtype)
+        if descendants is not None:
+            if self.descendant is None:
+                raise ValueError("descendants given to a decision module built without see_descendants")
+            dk, dv = descendants.chunk(2, dim=-1)  # (..., M, dim)
+            k = torch.cat([k, dk + self.descendant.to(dk.dtype)], dim=-2)
+            v = torch.cat([v, dv], dim=-2)
+        heads = (*query.shape[:-1], self.num_heads, self.head_dim)
+        qh = query.view(heads)
+        kh = k.view(*k.shape[:-1], self.num_heads, self.head_dim)
+        vh = v.view(*v.shape[:-1], self.num_heads, self.head_dim)
+        attn = torch.einsum("...hd,...chd->...hc", qh, kh) * self.head_dim**-0.5
+        summary = torch.einsum("...hc,...chd->...hd", attn.softmax(dim=-1), vh).reshape(query.shape)
+        features = torch.cat([query, summary], dim=-1)
+        if self.budget_film is not None:
+            b = budget.to(features.dtype).view(-1, 1)
+            scale, shift = self.budget_film(torch.cat([b, b.clamp(min=1e-3).log()], -1)).chunk(2, dim=-1)
+            features = features * (1 + scale[:, None]) + shift[:, None]
+        return self.mlp(features).squeeze(-1)
+
     def forward(
         self,
         parent: Tensor,
@@ -75,7 +137,7 @@ class SplitDecision(nn.Module):
         budget: Tensor | None = None,
         descendants: Tensor | None = None,
     ) -> Tensor:
-        """Split logits.
+        """Split logits from embeddings, for parents given with their children.
 
         Args:
             parent: ``(B, N, D)`` parent embeddings.
@@ -87,29 +149,6 @@ class SplitDecision(nn.Module):
         Returns:
             ``(B, N)`` logits; ``sigmoid`` gives p(split).
         """
-        if self.budget_conditioned and budget is None:
-            raise ValueError(
-                "this decision module is budget-conditioned: pass the token budget of each image"
-            )
-        parent, children = parent.detach(), children.detach()
-        q = self.query(self.norm(parent))  # (..., dim)
-        k, v = self.key_value(self.norm(children)).chunk(2, dim=-1)  # (..., 4, dim)
-        k = k + self.quadrant.to(k.dtype)
-        if descendants is not None:
-            if self.descendant is None:
-                raise ValueError("descendants given to a decision module built without see_descendants")
-            dk, dv = self.key_value(self.norm(descendants.detach())).chunk(2, dim=-1)  # (..., M, dim)
-            k = torch.cat([k, dk + self.descendant.to(dk.dtype)], dim=-2)
-            v = torch.cat([v, dv], dim=-2)
-        heads = (*q.shape[:-1], self.num_heads, self.head_dim)
-        qh = q.view(heads)
-        kh = k.view(*k.shape[:-1], self.num_heads, self.head_dim)
-        vh = v.view(*v.shape[:-1], self.num_heads, self.head_dim)
-        attn = torch.einsum("...hd,...chd->...hc", qh, kh) * self.head_dim**-0.5
-        summary = torch.einsum("...hc,...chd->...hd", attn.softmax(dim=-1), vh).reshape(q.shape)
-        features = torch.cat([q, summary], dim=-1)
-        if self.budget_film is not None:
-            b = budget.to(features.dtype).view(-1, 1)
-            scale, shift = self.budget_film(torch.cat([b, b.clamp(min=1e-3).log()], -1)).chunk(2, dim=-1)
-            features = features * (1 + scale[:, None]) + shift[:, None]
-        return self.mlp(features).squeeze(-1)
+        (query,), (kv,) = self.project([parent, children])
+        extra = None if descendants is None else self.key_value(self.norm(descendants.detach()))
+        return self.decide(query, kv, budget, extra)

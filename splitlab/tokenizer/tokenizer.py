@@ -98,18 +98,23 @@ class SplitTokenizer(nn.Module):
         """Split logits for every patch of every non-finest level, in one call of the module."""
         if self.levels.num == 1:
             return []
-        parents = [t.reshape(t.shape[0], -1, t.shape[-1]) for t in tokens[:-1]]
-        children = [space_to_depth(t).flatten(1, 2) for t in tokens[1:]]
+        # LayerNorm and projections per token on each level's grid, then grouped by parent: the
+        # grouping copies 2 * decision_dim values per patch, not the embedding's width
+        queries, keys_values = self.decision.project(tokens)
+        parents = [q.flatten(1, 2) for q in queries]
+        children = [space_to_depth(kv).flatten(1, 2) for kv in keys_values]
         condition = (
             self.budget_of(budget, tokens[0].shape[0], tokens[0].device) if self.budget_conditioned else None
         )
         if not self.decision.sees_descendants:  # one call for every level: the keys are 4 children each
-            logits = self.decision(torch.cat(parents, 1), torch.cat(children, 1), condition)
-            sizes = [p.shape[1] for p in parents]
-            chunks = logits.split(sizes, 1)
+            if len(parents) == 1:  # two levels: nothing to join (a join copies)
+                chunks = [self.decision.decide(parents[0], children[0], condition)]
+            else:
+                logits = self.decision.decide(torch.cat(parents, 1), torch.cat(children, 1), condition)
+                chunks = logits.split([p.shape[1] for p in parents], 1)
         else:  # a level's parents cover 4^(levels below) finest patches: one call per level
             chunks = [
-                self.decision(p, c, condition, finest_under(tokens[-1], self.levels.cells(k)))
+                self.decision.decide(p, c, condition, finest_under(keys_values[-1], self.levels.cells(k)))
                 for k, (p, c) in enumerate(zip(parents, children, strict=True))
             ]
         return [chunk.view(t.shape[:3]) for chunk, t in zip(chunks, tokens[:-1], strict=True)]

@@ -248,3 +248,22 @@ def test_bench_train_times_each_stage_from_a_fit(tmp_path, capsys) -> None:
 def test_bench_train_refuses_what_it_does_not_time() -> None:
     with pytest.raises(ValueError, match="--train times a fresh timm model"):
         run(["bench", "--train", "--model", "test_vit", "--ckpt", "run/last.ckpt"])
+
+
+def test_the_dense_ideal_times_timm_blocks_at_the_packed_length(tmp_path, capsys) -> None:
+    """--dense-ideal: timm's blocks on a dense batch of SPLIT's mean length against the uniform
+    grid's, on real tokens; the sweep shows it and the share of it."""
+    out = tmp_path / "sweep.json"
+    args = ["bench", "--model", "test_vit", "--img-size", "64", "--levels", "32", "16", "--warmup", "0"]
+    sizes = ["--batch-sizes", "3", "--iters", "2", "--min-seconds", "0.05"]
+    assert run([*args, *sizes, "--dense-ideal", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["sweep"]
+    dense = row["dense_ideal"]
+    uniform_tokens = 16 + 1  # a 4 x 4 grid of 16 px patches and the CLS token
+    assert dense["tokens_per_image_uniform"] == uniform_tokens
+    assert dense["tokens_per_image"] == round(row["tokens_split_mean"]) + 1
+    assert dense["speedup"] > 0 and dense["speedup_spread"]["pairs"] >= 2
+    assert row["speedup_median_over_dense_ideal"] == pytest.approx(
+        row["speedup_spread"]["median"] / dense["speedup_spread"]["median"]
+    )
+    assert "| dense ideal | of dense ideal |" in capsys.readouterr().out

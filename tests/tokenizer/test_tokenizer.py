@@ -112,3 +112,31 @@ def test_decision_module_is_a_small_fraction_of_a_block() -> None:
     with FlopCounterMode(display=False) as block:
         Block(dim, num_heads=12)(torch.randn(1, 256, dim))  # one block on the finest grid
     assert decide.get_total_flops() < 0.05 * block.get_total_flops()
+
+
+@pytest.mark.parametrize("see_descendants", [False, True])
+@pytest.mark.parametrize("budgets", [(), (0.3, 0.7)])
+def test_decision_logits_equal_the_module_on_each_parent_and_its_patches(see_descendants, budgets) -> None:
+    """decision_logits projects each level once and groups afterwards (cheaper); the logits must be
+    the module's own on each parent with its children's (and descendants') embeddings."""
+    from splitlab.tokenizer.embed import space_to_depth
+    from splitlab.tokenizer.tokenizer import finest_under
+
+    torch.manual_seed(0)
+    levels = (64, 32, 16)
+    tok = SplitTokenizer(
+        48, levels, decision_dim=32, decision_heads=2, budgets=budgets, see_descendants=see_descendants
+    )
+    torch.nn.init.normal_(tok.decision.mlp.fc2.weight, std=1.0)
+    if budgets:
+        torch.nn.init.normal_(tok.decision.budget_film[-1].weight, std=0.5)
+    tokens = [torch.randn(3, 128 // s, 128 // s, 48) for s in levels]
+    budget = torch.tensor([0.3, 0.5, 0.7]) if budgets else None
+    with torch.no_grad():
+        got = tok.decision_logits(tokens, budget)
+        for k in range(len(levels) - 1):
+            parent = tokens[k].flatten(1, 2)
+            children = space_to_depth(tokens[k + 1]).flatten(1, 2)
+            below = finest_under(tokens[-1], tok.levels.cells(k)) if see_descendants else None
+            expected = tok.decision(parent, children, budget, below).view(tokens[k].shape[:3])
+            torch.testing.assert_close(got[k], expected, rtol=1e-5, atol=1e-5)
