@@ -117,3 +117,23 @@ class ModelSetupHook:
     def lightning_wrap_model(self, model: nn.Module) -> nn.Module:
         """Lightning's wrapping of ``model`` (the next base's private ``_setup_model``)."""
         return super()._setup_model(model)  # type: ignore[misc]
+
+
+def outside_given_hyperparameters() -> Any:
+    """A context in which a data module or LightningModule built records its own arguments as its
+    hyperparameters. LightningCLI builds each module inside a context that gives the module's config
+    to ``save_hyperparameters``; a module that builds others in its ``__init__`` (a multi-task run's
+    data modules) would otherwise give them its own config."""
+    from contextlib import contextmanager
+
+    from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
+
+    @contextmanager
+    def cleared() -> Any:
+        token = _given_hyperparameters.set(None)
+        try:
+            yield
+        finally:
+            _given_hyperparameters.reset(token)
+
+    return cleared()

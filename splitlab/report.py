@@ -17,9 +17,11 @@ def summary_record(
     policies: dict[str, dict[str, float]],
     stage: str,
     trained_policy: str = "learned",
+    columns: list[str] | None = None,
 ) -> dict[str, Any]:
     """The content of `summary.json`: one row per evaluated layout policy; the row named
-    ``trained_policy`` is the policy this run trained (the others share its backbone)."""
+    ``trained_policy`` is the policy this run trained (the others share its backbone); ``columns``:
+    further metrics of the rows the table shows (a multi-task run's per-task metrics)."""
     rows = {}
     for name, values in policies.items():
         rows[name] = {
@@ -41,6 +43,7 @@ def summary_record(
         "target_fraction": target_fraction,
         "lambda": lam,
         "policies": rows,
+        **({"columns": list(columns)} if columns else {}),
     }
 
 
@@ -66,7 +69,10 @@ def write_summary(record: dict[str, Any], directory: str | Path) -> Path:
 def format_table(record: dict[str, Any]) -> str:
     """The comparison as a fixed-width text table."""
     metric = record["metric"]
-    header = f"{'policy':<14} {metric:>10} {'fraction':>10} {'± std':>8} {'img/s':>10}"
+    columns = record.get("columns", [])
+    width = max([10, *(len(c) for c in columns)])
+    extra = "".join(f" {c:>{width}}" for c in columns)
+    header = f"{'policy':<14} {metric:>10}{extra} {'fraction':>10} {'± std':>8} {'img/s':>10}"
     trained = record.get("trained_policy", "learned")
     lines = [
         f"{record['task']} ({record['stage']}, trained policy: {trained}): target fraction "
@@ -83,8 +89,9 @@ def format_table(record: dict[str, Any]) -> str:
         )
 
     for name, row in record["policies"].items():
+        values = "".join(f" {shown(row.get(c), '.4f'):>{width}}" for c in columns)
         lines.append(
-            f"{name:<14} {shown(row['metric'], '.4f'):>10} {shown(row['token_fraction_mean'], '.3f'):>10} "
+            f"{name:<14} {shown(row['metric'], '.4f'):>10}{values} {shown(row['token_fraction_mean'], '.3f'):>10} "
             f"{shown(row['token_fraction_std'], '.3f'):>8} {shown(row['images_per_second'], '.1f'):>10}"
         )
     return "\n".join(lines)
@@ -93,6 +100,7 @@ def format_table(record: dict[str, Any]) -> str:
 CURVE_POLICIES = (
     "learned",
     "transferred",
+    "multitask",
     "random",
     "entropy",
     "oracle",
@@ -151,9 +159,20 @@ def plot_curve(record: dict[str, Any], path: str | Path) -> Path:
 MATCHED = 0.03  # how far a trained row's realised fraction may sit from the target in `compare`
 
 
+def metric_key(summary: dict[str, Any], task: str, metric: str) -> str | None:
+    """Where ``summary``'s rows hold ``metric`` of ``task``: ``metric`` for a run of that task; for a
+    multi-task run, its one column of that metric (``coco/map``); None where it has none."""
+    if summary["task"] == task and summary["metric"] == metric:
+        return "metric"
+    columns = [c for c in summary.get("columns", []) if c.rpartition("/")[2] == metric]
+    return columns[0] if len(columns) == 1 else None
+
+
 def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Trained policies side by side at one budget: per run its trained row; the oracle layout (where
-    the data has annotations) and the uniform grid from the first run. Runs of another task or budget are refused; a row whose realised fraction misses the
+    the data has annotations) and the uniform grid from the first run. A multi-task run beside runs
+    of one of its tasks shows that task's metric (`metric_key`). Runs of another task or budget are
+    refused; a row whose realised fraction misses the
     budget by more than `MATCHED` is listed in ``unmatched`` (the table says so under it)."""
     for run, summary in summaries.items():
         keys = ("task", "metric", "target_fraction", "policies")
@@ -167,10 +186,12 @@ def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     metric, target = first["metric"], first["target_fraction"]
     rows, unmatched = [], []
     for run, summary in summaries.items():
-        if summary["metric"] != metric or summary["task"] != first["task"]:
+        key = metric_key(summary, first["task"], metric)
+        if key is None:
             raise ValueError(
                 f"{run}: task {summary['task']!r} ({summary['metric']}), the first run is "
-                f"{first['task']!r} ({metric}): compare runs of one task"
+                f"{first['task']!r} ({metric}): compare runs of one task (a multi-task run beside "
+                "runs of one of its tasks: put a run of that task first)"
             )
         if abs(summary["target_fraction"] - target) > 1e-6:
             raise ValueError(
@@ -181,7 +202,9 @@ def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if trained not in summary["policies"]:
             raise ValueError(f"{run}: its summary has no row for its trained policy {trained!r}")
         row = summary["policies"][trained]
-        rows.append({"run": run, "trained_policy": trained, **{k: row.get(k) for k in CURVE_KEYS}})
+        values = {k: row.get(k) for k in CURVE_KEYS}
+        values["metric"] = row.get(key)
+        rows.append({"run": run, "trained_policy": trained, **values})
         realised = row.get("token_fraction_mean")
         if realised is not None and abs(realised - target) > MATCHED:
             unmatched.append(run)

@@ -257,6 +257,23 @@ def test_fsdp_state_dict_type(kind: str) -> None:
     assert lp.fsdp_state_dict_type(strategy) == kind
 
 
+def test_outside_given_hyperparameters() -> None:
+    """Inside the CLI's context a module records the given config; built in the cleared one, its own."""
+    from lightning.pytorch.core.mixins import hparams_mixin
+
+    require(
+        hasattr(hparams_mixin, "_given_hyperparameters_context")
+        and hasattr(hparams_mixin, "_given_hyperparameters"),
+        "lightning.pytorch.core.mixins.hparams_mixin._given_hyperparameters(_context) is gone",
+        "outside_given_hyperparameters",
+    )
+    given = {"_class_path": "elsewhere.Outer", "other": 1}
+    with hparams_mixin._given_hyperparameters_context(given, "lightning.pytorch.cli.instantiate_module"):
+        assert "width" not in Tiny(width=5).hparams  # what the cleared context is for
+        with lp.outside_given_hyperparameters():
+            assert dict(Tiny(width=5).hparams) == {"width": 5}
+
+
 # Lightning's private names the adapter holds. Outside it they are read only where listed in PENDING.
 PRIVATE = re.compile(
     r"\.(_trainer|_accelerator_connector|_checkpoint_connector|_data_fetcher|_skip_next_val"

@@ -137,6 +137,18 @@ class PackedFeatures:
     intermediates: list[Tensor]
     layout: TokenLayout
 
+    def select(self, images: Sequence[int]) -> PackedFeatures:
+        """The features of the given images alone, in that order (one task's images of a multi-task
+        batch, for the head of that task)."""
+        rows = self.layout.rows_of(images)
+        index = torch.tensor([int(i) for i in images], device=self.prefix.device)
+        return PackedFeatures(
+            prefix=self.prefix.index_select(0, index),
+            tokens=self.tokens.index_select(0, rows),
+            intermediates=[x.index_select(0, rows) for x in self.intermediates],
+            layout=self.layout.select(images),
+        )
+
     def per_image(self) -> list[Tensor]:
         """``[(P + N_i, D)]`` per image, prefix first: the shape of timm's ``forward_features`` rows."""
         return [torch.cat([p, t]) for p, t in zip(self.prefix, self.layout.split(self.tokens), strict=True)]

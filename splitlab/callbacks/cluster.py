@@ -23,6 +23,8 @@ def _train_loaders(trainer: Trainer) -> list[Any]:
     flattened = getattr(loaders, "flattened", None)
     if flattened is not None:
         return list(flattened)
+    if isinstance(loaders, dict):  # several loaders by name (a multi-task run's CombinedLoader)
+        return list(loaders.values())
     return list(loaders) if isinstance(loaders, list | tuple) else [loaders]
 
 
@@ -53,7 +55,8 @@ class ResumePosition(Callback):
             if not mid_epoch:
                 continue
             if hasattr(sampler, "skip") and loader.batch_size:
-                sampler.skip(done * loader.batch_size)
+                # a shorter loader of several starts again when it runs out (max_size_cycle)
+                sampler.skip((done % max(len(loader), 1)) * loader.batch_size)
                 rank_zero_info(f"splitlab: resuming epoch {trainer.current_epoch} after batch {done}")
                 # Lightning warns that a plain DataLoader cannot resume mid-epoch; this one now does
                 warnings.filterwarnings(

@@ -24,7 +24,7 @@ from splitlab.cli.checkpoints import (
     resolve_last,
 )
 from splitlab.cli.errors import reporting_errors, user_error
-from splitlab.cli.links import LINKED, data_settings, model_input_size, refuse_linked_settings
+from splitlab.cli.links import LINKED, data_settings, model_input_size, refuse_linked_settings, task_classes
 from splitlab.cli.runs import (
     evaluation_folder,
     lock_run,
@@ -54,6 +54,10 @@ class SplitLabCLI(CheckpointConfigHook, LightningCLI):
         parser.link_arguments(LINKED["num_classes"], "data.init_args.num_classes", apply_on="parse")
         parser.link_arguments(
             LINKED["img_size"], "data.init_args.img_size", compute_fn=model_input_size, apply_on="parse"
+        )
+        # a multi-task run's: each task's class count, for that task's data module
+        parser.link_arguments(
+            LINKED["task_classes"], "data.init_args.task_classes", compute_fn=task_classes, apply_on="parse"
         )
 
     def parse_arguments(self, parser: Any, args: Any) -> None:

@@ -19,11 +19,22 @@ import yaml
 LINKED: dict[str, Any] = {
     "num_classes": "model.init_args.num_classes",
     "img_size": ("model.init_args.backbone", "model.init_args.backbone_kwargs"),
+    "task_classes": "model.init_args.tasks",
 }
 INSTEAD = {
     "num_classes": "model.init_args.num_classes",
     "img_size": "model.init_args.backbone_kwargs.img_size",
+    "task_classes": "model.init_args.tasks.<task>.num_classes",
 }
+
+
+def task_classes(tasks: dict[str, Any] | None) -> dict[str, int] | None:
+    """A multi-task model's class count of each task (`splitlab.tasks.MultiTaskSplit`'s ``tasks``)."""
+    if not tasks:
+        return None
+    return {
+        name: int(t["num_classes"]) for name, t in tasks.items() if (t or {}).get("num_classes") is not None
+    }
 
 
 def model_input_size(backbone: str, backbone_kwargs: dict[str, Any] | None) -> int:

@@ -59,7 +59,10 @@ PIPELINES = {
     "coco": ("coco.yaml", "coco.yaml", "pretrain_detection.yaml"),
     "ade20k": ("ade20k.yaml", "ade20k.yaml", "pretrain_dense.yaml"),
     "vqa": ("vqav2.yaml", "vqa.yaml", "pretrain_vqa.yaml"),
+    # one backbone and policy, both dense twins' heads and data (docs/reuse.md)
+    "coco+ade20k": ("coco_ade20k.yaml", "coco_ade20k.yaml", "pretrain_multitask.yaml"),
 }
+MULTITASK = {"coco+ade20k": ("coco", "ade20k")}  # a multi-task twin's tasks: each its own twin's data
 
 
 # VQA scenes (splitlab.data.generators.vqa_scenes.SCENES) that the twin's training does not learn: configs/ci/
@@ -94,7 +97,10 @@ def generate_for(task: str, out: Path, seed: int, background: str = "busy", scen
     """The generated dataset a CI twin reads (for VQA, the ``scenes`` configuration of `SCENES`)."""
     from splitlab.data import generate_ade20k, generate_coco, generate_shapes
 
-    if task == "classification":
+    if task in MULTITASK:  # each task's data as its own twin generates it, in a folder of its name
+        for part in MULTITASK[task]:
+            generate_for(part, out / part, seed)
+    elif task == "classification":
         generate_shapes(out, seed=seed, background=background)
     elif task == "coco":
         generate_coco(out, train=300, val=80, seed=seed)
@@ -111,6 +117,20 @@ def generate_for(task: str, out: Path, seed: int, background: str = "busy", scen
     if task == "vqa":
         made["scenes"] = scenes
     (out / ".complete").write_text(json.dumps(made))
+
+
+def data_root_args(task: str, data: Path) -> list[str]:
+    """The setting that points the twin at the generated data: its ``root``; a multi-task twin's data
+    modules, each at its task's folder (the twin's data section with the roots replaced)."""
+    if task not in MULTITASK:
+        return [f"--data.init_args.root={data}"]
+    import yaml
+
+    twin = yaml.safe_load((REPO / "configs" / "ci" / PIPELINES[task][1]).read_text())
+    modules = twin["data"]["init_args"]["task_data"]
+    for name in MULTITASK[task]:
+        modules[name]["init_args"]["root"] = str(data / name)
+    return [f"--data.init_args.task_data={json.dumps(modules)}"]
 
 
 def check_reused(data: Path, wanted: dict[str, Any], flag: str) -> None:
@@ -225,7 +245,7 @@ def run_pipeline(
     extra = [*policy_args(policy), *extra]
     # overrides follow every --config, so the dense stage's config cannot reset them
     overrides = [
-        f"--data.init_args.root={data}",
+        *data_root_args(task, data),
         *([f"--model.init_args.tokenizer={data / 'vocab.json'}"] if task == "vqa" else []),
         f"--seed_everything={seed}",
         f"--model.init_args.sampling_seed={seed}",

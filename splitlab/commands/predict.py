@@ -184,11 +184,16 @@ class Outputs:
         self.lines = partial(folder / "predictions.jsonl").open("w")
         self.masks = partial(folder / "masks")
         self.token_maps = partial(folder / "token_maps") if args.token_maps else None
-        self.image_ids = coco_image_ids(args.annotations, files) if self.task == "detection" else {}
-        self.coco: list[dict[str, Any]] = []
+        self.image_ids = coco_image_ids(args.annotations, files) if self.kinds() & {"detection"} else {}
+        self.coco: dict[str, list[dict[str, Any]]] = {}  # task name ("": the model's one) -> its detections
         self.vqa: list[dict[str, Any]] = []
         self.stems: dict[str, int] = {}
         self.predicted: list[Path] = []
+
+    def kinds(self) -> set[str]:
+        """The tasks whose results this run writes (a multi-task model's members' too)."""
+        members = getattr(self.model, "members", None)
+        return {m.task for m in members.values()} if members else {self.task}
 
     def unique(self, file: Path) -> str:
         """A file name stem not used before in this run (inputs from several folders may share one)."""
@@ -200,27 +205,12 @@ class Outputs:
         record: dict[str, Any] = {"file": str(file), **result}
         stem = self.unique(file)
         self.predicted.append(file)
-        if self.task == "segmentation":
-            mask = record.pop("mask").cpu().numpy()
-            self.masks.mkdir(exist_ok=True)
-            palette_png(mask).save(self.masks / f"{stem}.png")
-            record["mask"] = f"masks/{stem}.png"  # its name once the run is whole
-        elif self.task == "detection":
-            image_id = self.image_ids.setdefault(file, len(self.predicted))
-            record["image_id"] = image_id
-            for box, score, category in zip(
-                result["boxes"], result["scores"], result["category_ids"], strict=True
-            ):
-                x0, y0, x1, y1 = box
-                self.coco.append(
-                    {
-                        "image_id": image_id,
-                        "category_id": category,
-                        "bbox": [x0, y0, x1 - x0, y1 - y0],
-                        "score": score,
-                    }
-                )
-        elif self.task == "vqa" and asked is not None:
+        if self.task == "multitask":  # each task's result under its name, written as its own task's
+            for name, member in self.model.members.items():
+                self.add_task(member.task, record[name], file, stem, name)
+        else:
+            self.add_task(self.task, record, file, stem)
+        if self.task == "vqa" and asked is not None:
             for q, a in zip(asked, record["answers"], strict=True):
                 a["question_id"] = q["question_id"]
                 self.vqa.append({"question_id": q["question_id"], "answer": a["answer"]})
@@ -228,6 +218,33 @@ class Outputs:
             self.draw(stem, *extra)
         self.lines.write(json.dumps(record) + "\n")
         self.lines.flush()
+
+    def add_task(self, task: str, record: dict[str, Any], file: Path, stem: str, name: str = "") -> None:
+        """One task's result of one file: a segmentation mask to its PNG (``masks/<name>/`` for task
+        ``name`` of a multi-task model), detections to the COCO results (``coco_results_<name>.json``)."""
+        if task == "segmentation":
+            mask = record.pop("mask").cpu().numpy()
+            folder = self.masks / name if name else self.masks
+            folder.mkdir(parents=True, exist_ok=True)
+            palette_png(mask).save(folder / f"{stem}.png")
+            record["mask"] = "/".join(
+                ["masks", *([name] if name else []), f"{stem}.png"]
+            )  # once the run is whole
+        elif task == "detection":
+            image_id = self.image_ids.setdefault(file, len(self.predicted))
+            record["image_id"] = image_id
+            for box, score, category in zip(
+                record["boxes"], record["scores"], record["category_ids"], strict=True
+            ):
+                x0, y0, x1, y1 = box
+                self.coco.setdefault(name, []).append(
+                    {
+                        "image_id": image_id,
+                        "category_id": category,
+                        "bbox": [x0, y0, x1 - x0, y1 - y0],
+                        "score": score,
+                    }
+                )
 
     def draw(self, stem: str, image: Any, tokens: list[list[int]]) -> None:
         from splitlab.callbacks.pictures import draw_tile
@@ -244,8 +261,16 @@ class Outputs:
         it says the prediction is whole); their names."""
         self.lines.close()
         results: dict[str, Any] = {}
-        if self.task == "detection":
-            results["coco_results.json"] = self.coco
+        if "detection" in self.kinds():
+            names = [
+                n
+                for n, m in getattr(self.model, "members", {"": self.model}).items()
+                if m.task == "detection"
+            ]
+            for name in names:
+                results[f"coco_results_{name}.json" if name else "coco_results.json"] = self.coco.get(
+                    name, []
+                )
             results["image_ids.json"] = {str(f): self.image_ids[f] for f in self.predicted}
         if self.task == "vqa":
             results["vqa_results.json"] = sorted(self.vqa, key=lambda r: r["question_id"])
@@ -254,7 +279,7 @@ class Outputs:
                 json.dumps(doc, indent=1 if name == "image_ids.json" else None) + "\n"
             )
         folders = [f for f in (self.masks, self.token_maps) if f is not None and f.is_dir()]
-        if self.task == "segmentation" and not folders:  # no image was predicted: no mask either
+        if "segmentation" in self.kinds() and not folders:  # no image was predicted: no mask either
             self.masks.mkdir()
             folders.insert(0, self.masks)
         for path in [*(partial(self.folder / name) for name in results), *folders]:
@@ -301,7 +326,8 @@ def main(args: argparse.Namespace) -> int:
     if (model.task == "vqa") != (questions is not None):
         need = "needs --question or --questions" if model.task == "vqa" else "asks no questions: drop them"
         raise ValueError(f"model {args.model}: a {model.task} model {need}")
-    if args.annotations and model.task != "detection":
+    members = getattr(model, "members", {"": model})
+    if args.annotations and all(m.task != "detection" for m in members.values()):
         raise ValueError(
             f"--annotations: only detection results use COCO image ids (this is a {model.task} model)"
         )

@@ -11,6 +11,7 @@ from splitlab.data.generators import (
     generate_shapes,
     generate_vqa,
 )
+from splitlab.data.multitask import MultiTaskData
 from splitlab.data.segmentation import ADE20KData
 from splitlab.data.vqa import VQAv2Data
 
@@ -21,6 +22,7 @@ __all__ = [
     "ResumableSampler",
     "SeededIndex",
     "ImageClassificationData",
+    "MultiTaskData",
     "SkipCorrupt",
     "VQAv2Data",
     "generate_ade20k",

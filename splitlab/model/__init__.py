@@ -6,6 +6,7 @@ Hugging Face layout and exports, whatever trained it.
 
 from splitlab.model.base import POLICIES, SplitModel, model_settings
 from splitlab.model.load import load
+from splitlab.model.multitask import SplitMultiTask
 from splitlab.model.preprocess import PadTo, Placement, Preprocessing
 from splitlab.model.tasks import SplitClassifier, SplitDetector, SplitSegmenter, SplitVQA
 
@@ -17,6 +18,7 @@ __all__ = [
     "SplitClassifier",
     "SplitDetector",
     "SplitModel",
+    "SplitMultiTask",
     "SplitSegmenter",
     "SplitVQA",
     "load",

@@ -254,6 +254,27 @@ class SplitModel(nn.Module, HubWeights):
             ) from None
         return model
 
+    @classmethod
+    def head_on(
+        cls, shared: SplitModel, head: dict[str, Any], names: Sequence[str] | None = None
+    ) -> SplitModel:
+        """This task's model around ``shared``'s backbone and tokenizer, which it uses and does not
+        copy: a member of a multi-task model (`splitlab.model.SplitMultiTask`), which holds, moves
+        and saves the shared parts once and registers the member's head as its own. A member gives
+        its head, results and names; it is not deployed alone (it has no policy state)."""
+        member = cls.__new__(cls)
+        nn.Module.__init__(member)
+        member.config = {
+            **copy.deepcopy(shared.config),
+            "task": cls.task,
+            "head": copy.deepcopy(dict(head)),
+            "names": list(names) if names else None,
+        }
+        member.backbone, member.tokenizer, member.levels = shared.backbone, shared.tokenizer, shared.levels
+        member.names = member.config["names"]
+        member.head = member.build_head(member.config["head"])
+        return member
+
     def build_head(self, settings: dict[str, Any]) -> nn.Module | None:
         """The task head (None where the timm model's own head is used)."""
         return None

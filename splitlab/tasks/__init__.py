@@ -4,6 +4,7 @@ from splitlab.tasks.base import SplitTask
 from splitlab.tasks.classification import ClassificationTask
 from splitlab.tasks.dense import DenseTask
 from splitlab.tasks.detection import DetectionTask
+from splitlab.tasks.multitask import MultiTaskSplit
 from splitlab.tasks.segmentation import SegmentationTask
 from splitlab.tasks.state import load_task, read_checkpoint
 from splitlab.tasks.training import STAGES
@@ -14,6 +15,7 @@ __all__ = [
     "ClassificationTask",
     "DenseTask",
     "DetectionTask",
+    "MultiTaskSplit",
     "SegmentationTask",
     "SplitTask",
     "VQATask",

@@ -260,10 +260,10 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         policy: str | None = None,
         seed: int = 0,
     ) -> tuple[Any, TokenLayout]:
-        """Task outputs and the layout used: the deployed path, `SplitModel.forward` (``policy``
-        defaults to the deployed one; ``seed`` drives the random policy)."""
+        """Task outputs and the layout used: ``policy``'s layout (default: deployed), `forward_layout`."""
         policy = self.deployed_policy if policy is None else policy
-        return self.model(images, budget=budget, max_fraction=max_fraction, policy=policy, seed=seed)
+        layout = self.model.layout(images, budget, max_fraction, policy, seed)
+        return self.forward_layout(layout), layout
 
     # ----------------------------------------------------------------------------- stages
     @property

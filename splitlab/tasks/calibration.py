@@ -5,7 +5,7 @@ from a fixed calibration sample, and the fixed entropy cuts of APT trained in th
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -63,25 +63,14 @@ class Calibration:
         metric search runs backbone and head on the sample too).
         """
         count = int(self.hparams.calibration_images)
-        loader = self.trainer.train_dataloader if attached_trainer(self) is not None else None
         learned = self.deployed_policy == "learned"
         apt = self.apt_pending()
         if apt and self.hparams.entropy_thresholds is not None:  # APT's own thresholds: no calibration
             self.model.apt_cuts.copy_(cuts_from_thresholds(self.hparams.entropy_thresholds, self.levels))
             self.model.apt_fraction.fill_(self.target_fraction)
-        if count <= 0 or not (learned or apt) or not isinstance(loader, DataLoader):
+        sample = self.calibration_sample(count) if count > 0 and (learned or apt) else None
+        if sample is None:
             return
-        dataset = loader.dataset
-        order = torch.randperm(
-            len(dataset), generator=torch.Generator().manual_seed(self.hparams.sampling_seed)
-        )
-        chosen = order[: min(count, len(dataset))].tolist()
-        sample = DataLoader(  # the same images with the same augmentation every time, also after a resume
-            Subset(dataset, [SeededIndex(i, self.hparams.sampling_seed * 1_000_003 + i) for i in chosen]),
-            batch_size=loader.batch_size or 1,
-            num_workers=loader.num_workers,
-            collate_fn=loader.collate_fn,
-        )
         points = self.tokenizer.operating_points
         budgets = points.calibration_budgets()  # the points, and budgets between them
         logits: list[list[list[Tensor]]] = [[] for _ in budgets]
@@ -106,6 +95,22 @@ class Calibration:
         points.fit_sample(
             [[torch.cat(level) for level in zip(*at, strict=True)] for at in logits], self.mean_over_ranks
         )
+
+    def calibration_sample(self, count: int) -> Iterable[Any] | None:
+        """The fixed calibration batches: ``count`` training images (the same ones every time, with the
+        training transforms, also after a resume), or None without a training DataLoader. Where the
+        training data is several loaders (a multi-task run's, by name), an equal share of each, every
+        batch a ``{name: batch}`` of one loader, as the combined loader's batches name them."""
+        loaders = self.trainer.train_dataloader if attached_trainer(self) is not None else None
+        if isinstance(loaders, DataLoader):
+            return _seeded_sample(loaders, count, int(self.hparams.sampling_seed))
+        if not isinstance(loaders, dict) or not loaders:
+            return None
+        if not all(isinstance(loader, DataLoader) for loader in loaders.values()):
+            return None
+        share = max(count // len(loaders), 1)
+        seed = int(self.hparams.sampling_seed)
+        return NamedBatches({name: _seeded_sample(loader, share, seed) for name, loader in loaders.items()})
 
     # ----------------------------------------------------------------------------- APT trained in the pipeline
     def check_apt(self) -> None:
@@ -211,3 +216,28 @@ def describe_search(records: Sequence[dict[str, Any]]) -> str:
         f"{quantile['loss']:.4f} of the same-quantile cuts {[round(c, 3) for c in quantile['cuts']]} "
         f"(fraction {quantile['fraction']:.3f})"
     )
+
+
+def _seeded_sample(loader: DataLoader, count: int, seed: int) -> DataLoader:
+    """``count`` images of ``loader``'s dataset, chosen and augmented by ``seed`` alone."""
+    dataset = loader.dataset
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))
+    chosen = order[: min(count, len(dataset))].tolist()
+    return DataLoader(
+        Subset(dataset, [SeededIndex(i, seed * 1_000_003 + i) for i in chosen]),
+        batch_size=loader.batch_size or 1,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+    )
+
+
+class NamedBatches:
+    """Each loader's batches in turn, each as ``{name: batch}`` (re-iterable, as a DataLoader is)."""
+
+    def __init__(self, loaders: dict[str, DataLoader]) -> None:
+        self.loaders = loaders
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for name, loader in self.loaders.items():
+            for batch in loader:
+                yield {name: batch}

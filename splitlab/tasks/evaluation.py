@@ -117,6 +117,14 @@ class PolicyEvaluation:
             row.pop("labelled_pixels", None)
         return results
 
+    # what the summary calls the policy a task trains with PPO (a multi-task run's: ``multitask``)
+    learned_name = "learned"
+
+    def summary_columns(self) -> list[str]:
+        """Further metrics the summary table shows beside ``metric_name`` (a multi-task run: each
+        task's own); none by default."""
+        return []
+
     def finish_outputs(self, outputs: Any, targets: Any) -> Any:
         """Inference work after the task head that belongs in images/s (VQA: the language model
         answering); the default has none."""
@@ -183,7 +191,9 @@ class PolicyEvaluation:
             trained = "transferred"
         elif trained == "learned" and self.stage != "ppo":  # no PPO step ran: the policy only imitated
             trained = "imitation"
-        if trained in ("transferred", "imitation"):
+        elif trained == "learned":  # SPLIT, or its multi-task policy (`learned_name`)
+            trained = self.learned_name
+        if trained in ("transferred", "imitation", "multitask"):
             results = {
                 k.replace("learned", trained, 1) if k.startswith("learned") else k: v
                 for k, v in results.items()
@@ -198,6 +208,7 @@ class PolicyEvaluation:
             results,
             str(self.trainer.state.fn.value),
             trained_policy=trained,
+            columns=self.summary_columns(),
         )
         log_dir = self.trainer.log_dir or self.trainer.default_root_dir
         if self.trainer.is_global_zero:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -121,3 +123,51 @@ class TokenLayout:
     def level_map(self) -> Tensor:
         """``(B, Hf, Wf)`` level index of the token covering each finest cell."""
         return self.level[self.cover_index]
+
+    def select(self, images: Sequence[int]) -> TokenLayout:
+        """The layout of the given images alone, in that order: their tokens gathered image after
+        image, as if they had been tokenized on their own (what a head that reads only some of a
+        batch's images sees: one task's images in a multi-task batch)."""
+        images = [int(i) for i in images]
+        if not images or min(images) < 0 or max(images) >= self.batch_size:
+            raise ValueError(f"images {images} of a batch of {self.batch_size}")
+        seqlens = [self.seqlens[i] for i in images]
+        device = self.tokens.device
+        rows = self.rows_of(images)  # the old row of every token kept
+        index = torch.tensor(images, device=device)
+        # a cell's covering token moves with its image: from the image's old first row to its new one
+        old_start = [sum(self.seqlens[:i]) for i in images]
+        new_start = [sum(seqlens[:j]) for j in range(len(images))]
+        shift = torch.tensor([o - n for o, n in zip(old_start, new_start, strict=True)], device=device)
+        cover = self.cover_index.index_select(0, index) - shift.view(-1, 1, 1)
+
+        def per_image(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.index_select(0, index)
+
+        return TokenLayout(
+            tokens=self.tokens.index_select(0, rows),
+            cu_seqlens=torch.tensor(
+                [0, *itertools.accumulate(seqlens)], dtype=self.cu_seqlens.dtype, device=device
+            ),
+            seqlens=seqlens,
+            levels=self.levels,
+            level=self.level.index_select(0, rows),
+            boxes=self.boxes.index_select(0, rows),
+            image_index=torch.repeat_interleave(
+                torch.arange(len(images), device=device), torch.tensor(seqlens, device=device)
+            ),
+            cover_index=cover,
+            fraction=self.fraction.index_select(0, index),
+            decisions=[d.index_select(0, index) for d in self.decisions],
+            candidates=[c.index_select(0, index) for c in self.candidates],
+            logits=None if self.logits is None else [lg.index_select(0, index) for lg in self.logits],
+            log_prob=per_image(self.log_prob),
+            entropy=per_image(self.entropy),
+        )
+
+    def rows_of(self, images: Sequence[int]) -> Tensor:
+        """The token rows of the given images, image after image (as `select` gathers them)."""
+        starts = [0]
+        for n in self.seqlens:
+            starts.append(starts[-1] + n)
+        return torch.cat([torch.arange(starts[i], starts[i + 1], device=self.tokens.device) for i in images])

@@ -88,3 +88,36 @@ def test_compare_says_when_a_row_misses_the_matched_fraction(tmp_path, capsys) -
         f"note: {loose} realises a token fraction more than 0.03 from the target 0.5"
         in capsys.readouterr().out
     )
+
+
+def test_a_multitask_run_shows_the_metric_of_the_first_runs_task(tmp_path) -> None:
+    """A multi-task run beside a run of one of its tasks: its row gives that task's metric (its column)."""
+    coco = summary_record("detection", "map", 0.5, 0.2, {"learned": row(0.64, 0.5)}, "fit")
+    write_summary(coco, tmp_path / "coco")
+    multi_row = {**row(0.78, 0.5), "coco/map": 0.66, "ade20k/miou": 0.91}
+    multi = summary_record(
+        "multitask",
+        "mean",
+        0.5,
+        0.2,
+        {"multitask": multi_row},
+        "fit",
+        "multitask",
+        ["coco/map", "ade20k/miou"],
+    )
+    write_summary(multi, tmp_path / "multi")
+    assert (
+        run(["compare", str(tmp_path / "coco"), str(tmp_path / "multi"), "--out", str(tmp_path / "cmp")]) == 0
+    )
+    record = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert [(r["trained_policy"], r["metric"]) for r in record["rows"]] == [
+        ("learned", 0.64),
+        ("multitask", 0.66),
+    ]
+    seg = summary_record("segmentation", "miou", 0.5, 0.2, {"learned": row(0.88, 0.5)}, "fit")
+    write_summary(seg, tmp_path / "seg")
+    record = run(["compare", str(tmp_path / "seg"), str(tmp_path / "multi"), "--out", str(tmp_path / "cmp2")])
+    rows = json.loads((tmp_path / "cmp2" / "compare.json").read_text())["rows"]
+    assert rows[1]["metric"] == 0.91
+    with pytest.raises(ValueError, match="put a run of that task first"):
+        run(["compare", str(tmp_path / "multi"), str(tmp_path / "coco")])

@@ -114,3 +114,30 @@ def test_unpack_and_pool() -> None:
     assert torch.allclose(layout.pool(weighting="area"), grid.mean((2, 3)))
     assert torch.allclose(layout.pool()[0], layout.split()[0].mean(0))
     assert torch.equal(layout.level_map()[0, 2:, 2:], torch.ones(2, 2, dtype=torch.long))
+
+
+@settings(max_examples=40, deadline=None)
+@given(walks(), st.data())
+def test_selecting_images_gives_the_layout_of_those_images_alone(walk, data) -> None:
+    """`TokenLayout.select` (a multi-task batch's images of one task) equals walking those images alone."""
+    levels, tokens, decisions = walk
+    batch = tokens[0].shape[0]
+    chosen = data.draw(st.lists(st.integers(0, batch - 1), min_size=1, max_size=batch, unique=True))
+    logits = [torch.randn(d.shape) for d in decisions]
+    picked = build_layout(tokens, decisions, levels, logits or None).select(chosen)
+    index = torch.tensor(chosen)
+    alone = build_layout(
+        [t[index] for t in tokens],
+        [d[index] for d in decisions],
+        levels,
+        [lg[index] for lg in logits] or None,
+    )
+    for name in ("tokens", "cu_seqlens", "level", "boxes", "image_index", "cover_index", "fraction"):
+        assert torch.equal(getattr(picked, name), getattr(alone, name)), name
+    assert picked.seqlens == alone.seqlens
+    for a, b in zip(picked.decisions + picked.candidates, alone.decisions + alone.candidates, strict=True):
+        assert torch.equal(a, b)
+    if logits:
+        assert torch.allclose(picked.log_prob, alone.log_prob) and torch.allclose(
+            picked.entropy, alone.entropy
+        )

@@ -1,0 +1,292 @@
+"""`MultiTaskSplit`: one backbone, one tokenizer, one policy and several task heads, each task with
+its own data, trained in the same stages as any `SplitTask` (docs/reuse.md)."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities.parsing import AttributeDict
+from torch import Tensor, nn
+from torchmetrics import MetricCollection
+
+from splitlab.model import Preprocessing, SplitMultiTask
+from splitlab.tasks.base import SplitTask
+from splitlab.tasks.detection import DetectionTask
+from splitlab.tasks.segmentation import SegmentationTask
+from splitlab.tokenizer import TokenLayout
+
+TASK_CLASSES: dict[str, type[SplitTask]] = {"detection": DetectionTask, "segmentation": SegmentationTask}
+
+
+class TaskPart:
+    """One task of a multi-task run as its own task class sees it.
+
+    An instance of a subclass of both this and the task's class (`part_of`), never initialised as a
+    LightningModule: the task class's own methods (per-image loss, metrics, annotations, data checks)
+    run on it with the task's member model (`SplitMultiTask.members`), hence its head and names, and
+    the task's settings over the run's (``hparams``); anything else (stage, generator, levels,
+    trainer) is the multi-task run's.
+    """
+
+    def __init__(self, owner: MultiTaskSplit, name: str, model: nn.Module, hparams: dict[str, Any]) -> None:
+        for key, value in (
+            ("owner", owner),
+            ("name", name),
+            ("model", model),
+            ("_hparams", AttributeDict(hparams)),
+        ):
+            object.__setattr__(self, key, value)  # plain attributes: this is no module of the run
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(object.__getattribute__(self, "owner"), attr)
+
+
+def part_of(task_class: type[SplitTask]) -> type:
+    """The `TaskPart` class of ``task_class`` (its methods, `TaskPart`'s attribute lookup)."""
+    return type(f"{task_class.__name__}Part", (TaskPart, task_class), {})
+
+
+def task_settings(task_class: type[SplitTask], given: dict[str, Any]) -> dict[str, Any]:
+    """A task's own settings: its class's defaults (up to `SplitTask`), updated by ``given``."""
+    defaults = {}
+    for cls in task_class.__mro__:
+        if cls is SplitTask:
+            break
+        for name, param in inspect.signature(cls.__init__).parameters.items():
+            if param.default is not inspect.Parameter.empty and name not in defaults:
+                defaults[name] = param.default
+    return {**defaults, **{k: v for k, v in given.items() if k not in ("task", "names")}}
+
+
+@dataclass
+class TaskTargets:
+    """A multi-task batch's targets: for each task, the positions of its images in the batch and its
+    targets as its own task class unpacks them."""
+
+    parts: dict[str, tuple[list[int], Any]]
+    batch_size: int
+
+    def images(self) -> dict[str, list[int]]:
+        return {name: positions for name, (positions, _) in self.parts.items()}
+
+
+class TaskMetrics(nn.Module):
+    """Each task's metric collection, computed into one flat row: ``<task>/<metric>`` and ``mean``,
+    the mean of every task's own metric (each task's `metric_name`)."""
+
+    def __init__(self, collections: dict[str, MetricCollection], primary: dict[str, str]) -> None:
+        super().__init__()
+        self.tasks = nn.ModuleDict(collections)
+        self.primary = primary
+
+    def compute(self) -> dict[str, Tensor]:
+        values: dict[str, Tensor] = {}
+        for name, collection in self.tasks.items():
+            for key, value in collection.compute().items():
+                if isinstance(value, Tensor) and value.numel() == 1:
+                    values[f"{name}/{key}"] = value
+        main = [values[f"{name}/{metric}"].float() for name, metric in self.primary.items()]
+        values["mean"] = (
+            torch.stack(main).mean() if len(main) == len(self.primary) else torch.tensor(float("nan"))
+        )
+        return values
+
+    def reset(self) -> None:
+        for collection in self.tasks.values():
+            collection.reset()
+
+
+class MultiTaskSplit(SplitTask):
+    """One SPLIT backbone, tokenizer and policy for several tasks, each with its own head and data.
+
+    The batch of a step holds each task's batch (`splitlab.data.MultiTaskData`: Lightning's
+    `CombinedLoader`); their images form one layout and one backbone pass, and each head reads its own
+    task's images. The stages are `SplitTask`'s: dense, warm start (every task's loss), PPO with a
+    reward from each image's own task loss divided by that task's running mean loss (`loss_scale`), so
+    that no task drives the policy by the size of its loss alone. At inference one layout per image
+    and one backbone pass serve every head (`splitlab.model.SplitMultiTask`).
+
+    Args:
+        tasks: task name -> that task's settings: ``task`` (``detection`` or ``segmentation``) and
+            its class's head and data settings (`DetectionTask`, `SegmentationTask`: ``num_classes``,
+            ``pyramid_indices``, ``ignore_index``, ...).
+        loss_momentum: momentum of each task's running mean loss (`loss_scale`).
+        **kwargs: `SplitTask`'s settings, shared by every task (backbone, levels, budget, policy, PPO).
+    """
+
+    task_name = "multitask"
+    metric_name = "mean"
+    learned_name = "multitask"  # the summary's row and trained_policy: one policy of several tasks
+    model_class = SplitMultiTask
+
+    def __init__(
+        self, tasks: dict[str, dict[str, Any]] | None = None, loss_momentum: float = 0.98, **kwargs: Any
+    ) -> None:
+        if not tasks:
+            raise ValueError(
+                "model.init_args.tasks: name each task with its settings, e.g. {coco: {task: detection, "
+                "num_classes: 80}, ade20k: {task: segmentation, num_classes: 150}}"
+            )
+        if not 0.0 <= loss_momentum < 1.0:
+            raise ValueError(f"loss_momentum={loss_momentum}: expected a value in [0, 1)")
+        super().__init__(**kwargs)
+
+    def configure_models(self) -> None:
+        super().configure_models()
+        self.parts: dict[str, Any] = {}
+        for name, given in self.hparams.tasks.items():
+            task_class = TASK_CLASSES[given["task"]]
+            settings = {
+                **{k: v for k, v in self.hparams.items() if k != "tasks"},
+                **task_settings(task_class, given),
+            }
+            self.parts[name] = part_of(task_class)(self, name, self.model.members[name], settings)
+        # each task's running mean per-image loss: the scale its rewards are read in
+        self.register_buffer("loss_scale", torch.zeros(len(self.parts)))
+        self._composition: TaskTargets | None = None
+
+    # ----------------------------------------------------------------------------- the task API
+    def build_metrics(self) -> TaskMetrics:
+        return TaskMetrics(
+            {name: part.build_metrics() for name, part in self.parts.items()},
+            {name: part.metric_name for name, part in self.parts.items()},
+        )
+
+    def summary_columns(self) -> list[str]:
+        return [f"{name}/{part.metric_name}" for name, part in self.parts.items()]
+
+    def unpack_batch(self, batch: Any) -> tuple[Tensor, TaskTargets]:
+        """The images of every task's batch, task after task, and each task's targets. The
+        composition is kept for the heads: each reads its own task's images (`forward_layout`)."""
+        if not isinstance(batch, dict):
+            raise ValueError(
+                f"{type(self).__name__} reads a batch of each task, by name ({sorted(self.parts)}): use "
+                "splitlab.data.MultiTaskData, whose loaders Lightning's CombinedLoader combines"
+            )
+        images, parts, start = [], {}, 0
+        for name, part in self.parts.items():
+            if batch.get(name) is None:  # a task whose loader ran out (evaluation's max_size mode)
+                continue
+            x, targets = part.unpack_batch(batch[name])
+            images.append(x)
+            parts[name] = (list(range(start, start + x.shape[0])), targets)
+            start += x.shape[0]
+        if not images:
+            raise ValueError(f"a batch with no task's images (tasks: {sorted(self.parts)})")
+        self._composition = TaskTargets(parts, start)
+        return torch.cat(images), self._composition
+
+    def repeat_targets(self, targets: TaskTargets, times: int) -> TaskTargets:
+        parts = {
+            name: (
+                [p + r * targets.batch_size for r in range(times) for p in positions],
+                self.parts[name].repeat_targets(t, times),
+            )
+            for name, (positions, t) in targets.parts.items()
+        }
+        return TaskTargets(parts, targets.batch_size * times)
+
+    def images_of(self, batch_size: int) -> dict[str, list[int]] | None:
+        """Which images of a layout of ``batch_size`` each head reads: the last batch unpacked (every
+        step unpacks its batch first), repeated for PPO's rollouts; None when nothing was unpacked."""
+        unpacked = self._composition
+        if unpacked is None or batch_size % unpacked.batch_size:
+            return None
+        return self.repeat_targets(unpacked, batch_size // unpacked.batch_size).images()
+
+    def forward_layout(self, layout: TokenLayout) -> dict[str, Any]:
+        """Each head on its own task's images (`SplitTask.forward` runs this too; the model's own
+        forward runs every head on every image: inference)."""
+        return self.model.forward_layout(layout, self.images_of(layout.batch_size))
+
+    def per_image_loss(self, outputs: dict[str, Any], targets: TaskTargets) -> Tensor:
+        """Each image's own task loss divided by that task's running mean loss (`loss_scale`): each
+        task's losses average about 1, so neither the mean the task trains on nor PPO's reward favours
+        the task whose loss is larger. The running means move while training, after the batch is
+        scaled (the batch's own losses do not scale it; a run's first batch sets them)."""
+        losses: Tensor | None = None
+        for k, (name, (positions, task_targets)) in self._ordered(targets):
+            loss = self.parts[name].per_image_loss(outputs[name], task_targets)
+            first = self.training and not bool(self.loss_scale[k] > 0)
+            if first:
+                self._update_scale(k, loss.detach())
+            scaled = loss / self.loss_scale[k].clamp(min=1e-8).to(loss.dtype)
+            if self.training and not first:
+                self._update_scale(k, loss.detach())
+            losses = loss.new_zeros(targets.batch_size) if losses is None else losses
+            losses = losses.index_copy(0, torch.tensor(positions, device=loss.device), scaled)
+        return losses
+
+    def _ordered(self, targets: TaskTargets) -> list[tuple[int, tuple[str, Any]]]:
+        """Each task's part of ``targets`` with the task's index, in the model's task order."""
+        names = list(self.parts)
+        return sorted(((names.index(n), (n, part)) for n, part in targets.parts.items()), key=lambda x: x[0])
+
+    def _update_scale(self, k: int, loss: Tensor) -> None:
+        """Move task ``k``'s running mean loss towards this batch's (the same on every rank)."""
+        mean = self.mean_over_ranks(loss.float().mean())
+        current = self.loss_scale[k]
+        momentum = float(self.hparams.loss_momentum) if bool(current > 0) else 0.0
+        self.loss_scale[k] = momentum * current + (1 - momentum) * mean
+
+    def update_metrics(
+        self, metrics: TaskMetrics, outputs: Any, targets: TaskTargets, layout: TokenLayout
+    ) -> None:
+        for name, (positions, task_targets) in targets.parts.items():
+            self.parts[name].update_metrics(
+                metrics.tasks[name], outputs[name], task_targets, layout.select(positions)
+            )
+
+    def annotated_cells(self, batch: Any, grid: tuple[int, int]) -> Tensor | None:
+        cells = []
+        for name, part in self.parts.items():
+            if batch.get(name) is None:
+                continue
+            found = part.annotated_cells(batch[name], grid)
+            if found is None:
+                return None
+            cells.append(found)
+        return torch.cat(cells)
+
+    def describe_prediction(self, outputs: Any, index: int, target: Any = None) -> dict[str, Any]:
+        composition = self._composition
+        for name, (positions, _) in composition.parts.items() if composition else []:
+            if index in positions:
+                return {name: self.parts[name].describe_prediction(outputs[name], positions.index(index))}
+        return {}
+
+    # ----------------------------------------------------------------------------- data
+    def check_data(self, datamodule: Any) -> None:
+        """Every task's data checked as its own task checks it, and the same image size throughout."""
+        loaders = getattr(datamodule, "tasks", None)
+        if not isinstance(loaders, dict) or set(loaders) != set(self.parts):
+            raise ValueError(
+                f"{type(self).__name__} with tasks {sorted(self.parts)} needs data of each by the same names "
+                f"(splitlab.data.MultiTaskData with task_data {sorted(self.parts)}), got {type(datamodule).__name__}"
+                + (f" with task_data {sorted(loaders)}" if isinstance(loaders, dict) else "")
+            )
+        for name, part in self.parts.items():
+            part.check_data(loaders[name])
+
+    def adopt_data(self, datamodule: Any) -> None:
+        """Each task's names and category ids for its member, the first task's preprocessing for the
+        model (one preprocessing feeds the one backbone pass)."""
+        loaders = getattr(datamodule, "tasks", {})
+        for name in self.parts:
+            data = loaders.get(name)
+            self.model.set_member_data(
+                name, getattr(data, "names", None), getattr(data, "category_ids", None)
+            )
+        preprocessing = getattr(loaders.get(next(iter(self.parts))), "preprocessing", None)
+        if isinstance(preprocessing, Preprocessing):
+            self.model.preprocessing = preprocessing
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        saved = checkpoint.get("splitlab", {}).get("model", {}).get("head", {}).get("tasks", {})
+        for name, settings in saved.items():
+            if name in self.parts:
+                self.model.set_member_data(name, settings.get("names"), settings.get("category_ids"))
