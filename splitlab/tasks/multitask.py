@@ -69,8 +69,13 @@ class TaskTargets:
     parts: dict[str, tuple[list[int], Any]]
     batch_size: int
 
-    def images(self) -> dict[str, list[int]]:
-        return {name: positions for name, (positions, _) in self.parts.items()}
+    def images(self, times: int = 1) -> dict[str, list[int]]:
+        """Each task's image positions in the batch, or in ``times`` copies of it one after another
+        (PPO's rollouts)."""
+        return {
+            name: [p + r * self.batch_size for r in range(times) for p in positions]
+            for name, (positions, _) in self.parts.items()
+        }
 
 
 class TaskMetrics(nn.Module):
@@ -88,10 +93,9 @@ class TaskMetrics(nn.Module):
             for key, value in collection.compute().items():
                 if isinstance(value, Tensor) and value.numel() == 1:
                     values[f"{name}/{key}"] = value
-        main = [values[f"{name}/{metric}"].float() for name, metric in self.primary.items()]
-        values["mean"] = (
-            torch.stack(main).mean() if len(main) == len(self.primary) else torch.tensor(float("nan"))
-        )
+        main = [values.get(f"{name}/{metric}") for name, metric in self.primary.items()]
+        known = [v.float() for v in main if v is not None]
+        values["mean"] = torch.stack(known).mean() if len(known) == len(main) else torch.tensor(float("nan"))
         return values
 
     def reset(self) -> None:
@@ -180,12 +184,10 @@ class MultiTaskSplit(SplitTask):
         return torch.cat(images), self._composition
 
     def repeat_targets(self, targets: TaskTargets, times: int) -> TaskTargets:
+        positions = targets.images(times)
         parts = {
-            name: (
-                [p + r * targets.batch_size for r in range(times) for p in positions],
-                self.parts[name].repeat_targets(t, times),
-            )
-            for name, (positions, t) in targets.parts.items()
+            name: (positions[name], self.parts[name].repeat_targets(t, times))
+            for name, (_, t) in targets.parts.items()
         }
         return TaskTargets(parts, targets.batch_size * times)
 
@@ -195,7 +197,7 @@ class MultiTaskSplit(SplitTask):
         unpacked = self._composition
         if unpacked is None or batch_size % unpacked.batch_size:
             return None
-        return self.repeat_targets(unpacked, batch_size // unpacked.batch_size).images()
+        return unpacked.images(batch_size // unpacked.batch_size)
 
     def forward_layout(self, layout: TokenLayout) -> dict[str, Any]:
         """Each head on its own task's images (`SplitTask.forward` runs this too; the model's own
