@@ -173,6 +173,12 @@ def palette_png(mask: np.ndarray) -> Image.Image:
     return image
 
 
+def task_models(model: Any) -> dict[str, Any]:
+    """The model of each task whose results a prediction writes, by task name: a multi-task model's
+    members, or the model itself under the name ``""``."""
+    return getattr(model, "members", None) or {"": model}
+
+
 class Outputs:
     """What a predict run writes, file by file as predictions arrive, the results files at the end:
     all of it under `PARTIAL` names until `close` renames it (`abandon` when the run fails)."""
@@ -184,16 +190,15 @@ class Outputs:
         self.lines = partial(folder / "predictions.jsonl").open("w")
         self.masks = partial(folder / "masks")
         self.token_maps = partial(folder / "token_maps") if args.token_maps else None
-        self.image_ids = coco_image_ids(args.annotations, files) if self.kinds() & {"detection"} else {}
+        self.image_ids = coco_image_ids(args.annotations, files) if "detection" in self.kinds() else {}
         self.coco: dict[str, list[dict[str, Any]]] = {}  # task name ("": the model's one) -> its detections
         self.vqa: list[dict[str, Any]] = []
         self.stems: dict[str, int] = {}
         self.predicted: list[Path] = []
 
     def kinds(self) -> set[str]:
-        """The tasks whose results this run writes (a multi-task model's members' too)."""
-        members = getattr(self.model, "members", None)
-        return {m.task for m in members.values()} if members else {self.task}
+        """The tasks whose results this run writes (a multi-task model's members')."""
+        return {m.task for m in task_models(self.model).values()}
 
     def unique(self, file: Path) -> str:
         """A file name stem not used before in this run (inputs from several folders may share one)."""
@@ -262,11 +267,7 @@ class Outputs:
         self.lines.close()
         results: dict[str, Any] = {}
         if "detection" in self.kinds():
-            names = [
-                n
-                for n, m in getattr(self.model, "members", {"": self.model}).items()
-                if m.task == "detection"
-            ]
+            names = [n for n, m in task_models(self.model).items() if m.task == "detection"]
             for name in names:
                 results[f"coco_results_{name}.json" if name else "coco_results.json"] = self.coco.get(
                     name, []
@@ -326,8 +327,7 @@ def main(args: argparse.Namespace) -> int:
     if (model.task == "vqa") != (questions is not None):
         need = "needs --question or --questions" if model.task == "vqa" else "asks no questions: drop them"
         raise ValueError(f"model {args.model}: a {model.task} model {need}")
-    members = getattr(model, "members", {"": model})
-    if args.annotations and all(m.task != "detection" for m in members.values()):
+    if args.annotations and "detection" not in {m.task for m in task_models(model).values()}:
         raise ValueError(
             f"--annotations: only detection results use COCO image ids (this is a {model.task} model)"
         )

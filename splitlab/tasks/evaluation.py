@@ -193,7 +193,7 @@ class PolicyEvaluation:
             trained = "imitation"
         elif trained == "learned":  # SPLIT, or its multi-task policy (`learned_name`)
             trained = self.learned_name
-        if trained in ("transferred", "imitation", "multitask"):
+        if trained in ("transferred", "imitation", self.learned_name) and trained != "learned":
             results = {
                 k.replace("learned", trained, 1) if k.startswith("learned") else k: v
                 for k, v in results.items()

@@ -133,12 +133,9 @@ class TokenLayout:
             raise ValueError(f"images {images} of a batch of {self.batch_size}")
         seqlens = [self.seqlens[i] for i in images]
         device = self.tokens.device
-        rows = self.rows_of(images)  # the old row of every token kept
         index = torch.tensor(images, device=device)
-        # a cell's covering token moves with its image: from the image's old first row to its new one
-        old_start = [sum(self.seqlens[:i]) for i in images]
-        new_start = [sum(seqlens[:j]) for j in range(len(images))]
-        shift = torch.tensor([o - n for o, n in zip(old_start, new_start, strict=True)], device=device)
+        shift = self._shifts(images).to(device)  # each image's first row, old minus new
+        rows = self.rows_of(images)  # the old row of every token kept
         cover = self.cover_index.index_select(0, index) - shift.view(-1, 1, 1)
 
         def per_image(x: Tensor | None) -> Tensor | None:
@@ -167,7 +164,13 @@ class TokenLayout:
 
     def rows_of(self, images: Sequence[int]) -> Tensor:
         """The token rows of the given images, image after image (as `select` gathers them)."""
-        starts = [0]
-        for n in self.seqlens:
-            starts.append(starts[-1] + n)
-        return torch.cat([torch.arange(starts[i], starts[i + 1], device=self.tokens.device) for i in images])
+        lengths = torch.tensor([self.seqlens[int(i)] for i in images])
+        rows = torch.repeat_interleave(self._shifts(images), lengths) + torch.arange(int(lengths.sum()))
+        return rows.to(self.tokens.device)
+
+    def _shifts(self, images: Sequence[int]) -> Tensor:
+        """``(len(images),)``: where each given image's tokens start here, less where they start when
+        the given images alone are packed (host arithmetic: the lengths are on the host)."""
+        starts = list(itertools.accumulate(self.seqlens, initial=0))
+        kept = list(itertools.accumulate((self.seqlens[int(i)] for i in images), initial=0))
+        return torch.tensor([starts[int(i)] - kept[j] for j, i in enumerate(images)])
