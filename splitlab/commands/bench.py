@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from splitlab.backbone import backbone_flops
+from splitlab.commands.allocator import keep_freed_memory, minor_page_faults
 from splitlab.commands.arguments import (
     add_renamed,
     count,
@@ -66,6 +67,7 @@ class BenchConfig:
     workers: int = 1
     min_seconds: float = 0.0
     dense_ideal: bool = False
+    system_malloc: bool = False
 
 
 def _device(name: str) -> torch.device:
@@ -145,6 +147,16 @@ def _host_syncs(fn: Callable[[], Any], device: torch.device) -> int | None:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
+def _page_faults(fn: Callable[[], Any], device: torch.device) -> int | None:
+    """Minor page faults of one call on CPU: fresh memory written for the first time (None on CUDA,
+    where activations live in the caching allocator, and where the system does not count them)."""
+    before = minor_page_faults() if device.type == "cpu" else None
+    if before is None:
+        return None
+    fn()
+    return minor_page_faults() - before
 
 
 def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
@@ -278,6 +290,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "peak_memory_mib_uniform": _peak_memory(run_uniform, device),
         "peak_memory_mib_split": _peak_memory(run_split, device),
         "host_syncs_per_batch": _host_syncs(run_split, device),
+        "page_faults_per_batch_uniform": _page_faults(run_uniform, device),
+        "page_faults_per_batch_split": _page_faults(run_split, device),
         "policy_cut": cut,
     }
     result["speedup_over_ideal"] = result["speedup"] / result["ideal_speedup"]
@@ -412,6 +426,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also time timm's blocks on a dense batch of SPLIT's mean length against the uniform grid's: "
         "the speed-up this hardware allows that many tokens (splitlab.commands.bench_ideal)",
     )
+    p.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="keep glibc's defaults, which give freed memory back and fault it in again on the next batch "
+        "(by default bench keeps it, as splitlab predict does: splitlab.commands.allocator)",
+    )
     p.add_argument("--warmup", type=count, default=2)
     p.add_argument("--iters", type=positive_int, default=5)
     p.add_argument("--attn-backend", default="auto")
@@ -433,16 +453,19 @@ def main(args: argparse.Namespace) -> int:
     cfg = BenchConfig(
         **{**settings, "fraction": 0.7 if args.fraction is None and not args.ckpt else args.fraction}
     )
+    # as splitlab predict runs; both paths of a comparison share the process, so both get it
+    kept = not cfg.system_malloc and keep_freed_memory()
     sizes = args.batch_sizes
     if args.train:
         return train_main(args, cfg, sizes or [cfg.batch_size])
     seconds = args.min_seconds if args.min_seconds is not None else (20.0 if sizes else 0.0)
     cfg = dataclasses.replace(cfg, min_seconds=seconds)
     if sizes:
-        result: dict[str, Any] = {"sweep": [run_bench(dataclasses.replace(cfg, batch_size=b)) for b in sizes]}
+        runs = [run_bench(dataclasses.replace(cfg, batch_size=b)) for b in sizes]
+        result: dict[str, Any] = {"sweep": [{**r, "freed_memory_kept": kept} for r in runs]}
         print(format_sweep(result["sweep"]))
     else:
-        result = run_bench(cfg)
+        result = {**run_bench(cfg), "freed_memory_kept": kept}
         print(format_bench(result))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

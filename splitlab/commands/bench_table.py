@@ -59,6 +59,17 @@ def format_bench(r: dict[str, Any]) -> str:
             "host syncs per SPLIT batch",
             "n/a on CPU" if r.get("host_syncs_per_batch") is None else str(r["host_syncs_per_batch"]),
         ),
+        *(
+            [
+                (
+                    "page faults per batch uniform / SPLIT",
+                    f"{r['page_faults_per_batch_uniform']} / {r['page_faults_per_batch_split']} "
+                    f"(freed memory {'kept' if r.get('freed_memory_kept') else 'given back: --system-malloc, or not glibc'})",
+                )
+            ]
+            if r.get("page_faults_per_batch_uniform") is not None
+            else []
+        ),
     ]
     if "predict" in r:
         e = r["predict"]
@@ -91,13 +102,14 @@ def format_bench(r: dict[str, Any]) -> str:
 
 
 def bench_table(records: list[dict[str, Any]]) -> str:
-    """`splitlab bench` results side by side, as a markdown table (``make gpu-check``'s summary)."""
+    """`splitlab bench` results side by side, as a markdown table (``make gpu-check``'s summary); a
+    ``--batch-sizes`` sweep's JSON gives one row per batch size."""
     lines = [
         "| model | px | batch | dtype | backend | compile | fraction | uniform img/s | SPLIT img/s | speed-up "
         "| FLOP-ideal | of ideal | overhead | peak MiB uniform / SPLIT | host syncs |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in records:
+    for r in (row for record in records for row in record.get("sweep", [record])):
         c = r["config"]
         memory = (
             f"{r['peak_memory_mib_uniform']:.0f} / {r['peak_memory_mib_split']:.0f}"

@@ -312,6 +312,7 @@ def main(args: argparse.Namespace) -> int:
 
     from tqdm.auto import tqdm
 
+    from splitlab.commands.allocator import keep_freed_memory
     from splitlab.model import load
     from splitlab.model.predict import budget_note, image_files, iter_predictions
 
@@ -322,6 +323,7 @@ def main(args: argparse.Namespace) -> int:
     if args.num_workers < 0:
         raise ValueError(f"--num-workers {args.num_workers}: must be 0 or more")
     questions = read_questions(args, files)
+    keep_freed_memory()  # on CPU each batch reuses the last one's memory instead of faulting it in again
     model = load(args.model, device=args.device)
     model.check_call(args.budget, args.max_fraction, args.policy)  # before any output is opened
     if (model.task == "vqa") != (questions is not None):

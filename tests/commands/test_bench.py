@@ -34,8 +34,15 @@ def test_bench_reports_every_key(tmp_path) -> None:
     beyond = (t["embed"] - t["patch_embed"] + t["decide"] + t["walk"]) / t["backbone"]
     assert t["patch_embed"] > 0 and result["overhead_beyond_uniform_fraction"] == pytest.approx(beyond)
     assert 1.0 < result["ideal_speedup"] < 1.0 / 0.5  # fewer tokens, fewer FLOPs; attention is a part only
+    # counted on CPU for both paths (whether they fault depends on the process's allocator)
+    assert result["page_faults_per_batch_uniform"] >= 0 and result["page_faults_per_batch_split"] >= 0
     header, _, row = bench_table([result]).splitlines()
     assert header.count("|") == row.count("|") and row.startswith("| test_vit | 64 | 4 |")
+    sweep = bench_table([{"sweep": [result, {**result, "config": {**result["config"], "batch_size": 8}}]}])
+    assert [line.split("|")[3].strip() for line in sweep.splitlines()[2:]] == [
+        "4",
+        "8",
+    ]  # a row per batch size
 
 
 def test_bench_times_the_predict_path_on_files(tmp_path) -> None:

@@ -79,6 +79,34 @@ def test_gpu_check_without_a_gpu_stops_at_once_with_a_clear_message(tmp_path) ->
     assert not list((tmp_path / "out").glob("*.json"))
 
 
+def test_gpu_check_bench_steps_parse_as_bench_arguments(tmp_path) -> None:
+    """Every bench step of ``make gpu-check`` is a valid ``splitlab bench`` command line: a typo would
+    otherwise show only on a GPU machine, lent for minutes."""
+    import argparse
+    import shlex
+
+    from splitlab.commands import bench
+
+    text = GPU_CHECK.read_text()
+    arrays = {name: shlex.split(body) for name, body in re.findall(r"^(\w+)=\((.*)\)$", text, re.M)}
+    common = re.search(r"-m splitlab bench (.*?) \\\n", text)
+    steps = re.findall(r"^\s*bench (\S+) \d+ (.*)$", text, re.M)
+    assert common and len(steps) >= 9, "the bench() helper or its steps moved: update this test"
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    for name, rest in steps:
+        argv = []
+        for word in shlex.split(rest):
+            array = re.fullmatch(r"\$\{(\w+)\[@\]\}", word)
+            argv += arrays[array.group(1)] if array else [word]
+        args = parser.parse_args(
+            ["bench", *shlex.split(common.group(1)), "--json", str(tmp_path / "b.json"), *argv]
+        )
+        assert args.device == "cuda" and args.iters >= 1, name
+        if "sweep" in name:
+            assert args.batch_sizes and 1 in args.batch_sizes, name
+
+
 @pytest.mark.parametrize("recipe", sorted((REPO / "tasks").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_recipe_checkpoints_each_epoch(recipe: Path) -> None:
     """A step trigger would turn the epoch saves off and leave last.ckpt at the last multiple of N
