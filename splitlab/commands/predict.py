@@ -179,6 +179,11 @@ def task_models(model: Any) -> dict[str, Any]:
     return getattr(model, "members", None) or {"": model}
 
 
+def task_kinds(model: Any) -> set[str]:
+    """The kinds of task whose results a prediction writes (a multi-task model's members')."""
+    return {m.task for m in task_models(model).values()}
+
+
 class Outputs:
     """What a predict run writes, file by file as predictions arrive, the results files at the end:
     all of it under `PARTIAL` names until `close` renames it (`abandon` when the run fails)."""
@@ -190,15 +195,13 @@ class Outputs:
         self.lines = partial(folder / "predictions.jsonl").open("w")
         self.masks = partial(folder / "masks")
         self.token_maps = partial(folder / "token_maps") if args.token_maps else None
-        self.image_ids = coco_image_ids(args.annotations, files) if "detection" in self.kinds() else {}
+        self.image_ids = (
+            coco_image_ids(args.annotations, files) if "detection" in task_kinds(self.model) else {}
+        )
         self.coco: dict[str, list[dict[str, Any]]] = {}  # task name ("": the model's one) -> its detections
         self.vqa: list[dict[str, Any]] = []
         self.stems: dict[str, int] = {}
         self.predicted: list[Path] = []
-
-    def kinds(self) -> set[str]:
-        """The tasks whose results this run writes (a multi-task model's members')."""
-        return {m.task for m in task_models(self.model).values()}
 
     def unique(self, file: Path) -> str:
         """A file name stem not used before in this run (inputs from several folders may share one)."""
@@ -266,7 +269,7 @@ class Outputs:
         it says the prediction is whole); their names."""
         self.lines.close()
         results: dict[str, Any] = {}
-        if "detection" in self.kinds():
+        if "detection" in task_kinds(self.model):
             names = [n for n, m in task_models(self.model).items() if m.task == "detection"]
             for name in names:
                 results[f"coco_results_{name}.json" if name else "coco_results.json"] = self.coco.get(
@@ -280,7 +283,7 @@ class Outputs:
                 json.dumps(doc, indent=1 if name == "image_ids.json" else None) + "\n"
             )
         folders = [f for f in (self.masks, self.token_maps) if f is not None and f.is_dir()]
-        if "segmentation" in self.kinds() and not folders:  # no image was predicted: no mask either
+        if "segmentation" in task_kinds(self.model) and not folders:  # no image was predicted: no mask either
             self.masks.mkdir()
             folders.insert(0, self.masks)
         for path in [*(partial(self.folder / name) for name in results), *folders]:
@@ -329,7 +332,7 @@ def main(args: argparse.Namespace) -> int:
     if (model.task == "vqa") != (questions is not None):
         need = "needs --question or --questions" if model.task == "vqa" else "asks no questions: drop them"
         raise ValueError(f"model {args.model}: a {model.task} model {need}")
-    if args.annotations and "detection" not in {m.task for m in task_models(model).values()}:
+    if args.annotations and "detection" not in task_kinds(model):
         raise ValueError(
             f"--annotations: only detection results use COCO image ids (this is a {model.task} model)"
         )

@@ -187,19 +187,20 @@ class PolicyEvaluation:
         if not self.evaluates_baselines():  # the summary is written at the end of fit, validate and test
             return
         trained = self.deployed_policy
-        if trained == "learned" and self.hparams.policy == "transferred":  # another run's policy
-            trained = "transferred"
-        elif trained == "learned" and self.stage != "ppo":  # no PPO step ran: the policy only imitated
-            trained = "imitation"
-        elif trained == "learned":  # SPLIT, or its multi-task policy (`learned_name`)
-            trained = self.learned_name
-        if trained in ("transferred", "imitation", self.learned_name) and trained != "learned":
-            results = {
-                k.replace("learned", trained, 1) if k.startswith("learned") else k: v
-                for k, v in results.items()
-            }
-        elif trained != "learned":  # a dense (pretraining) run deploys the uniform grid
+        if trained != "learned":  # a dense (pretraining) run deploys the uniform grid
             results = {trained: results.pop("learned"), **results}
+        else:
+            if self.hparams.policy == "transferred":  # another run's policy
+                trained = "transferred"
+            elif self.stage != "ppo":  # no PPO step ran: the policy only imitated
+                trained = "imitation"
+            else:  # SPLIT, or its multi-task policy (`learned_name`)
+                trained = self.learned_name
+            if trained != "learned":
+                results = {
+                    k.replace("learned", trained, 1) if k.startswith("learned") else k: v
+                    for k, v in results.items()
+                }
         record = summary_record(
             self.task_name,
             self.metric_name,

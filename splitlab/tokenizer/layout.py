@@ -134,9 +134,9 @@ class TokenLayout:
         seqlens = [self.seqlens[i] for i in images]
         device = self.tokens.device
         index = torch.tensor(images, device=device)
-        shift = self._shifts(images).to(device)  # each image's first row, old minus new
-        rows = self.rows_of(images)  # the old row of every token kept
-        cover = self.cover_index.index_select(0, index) - shift.view(-1, 1, 1)
+        shifts = self._shifts(images)  # each image's first row, old minus new
+        rows = self._rows(shifts, seqlens).to(device)  # the old row of every token kept
+        cover = self.cover_index.index_select(0, index) - shifts.to(device).view(-1, 1, 1)
 
         def per_image(x: Tensor | None) -> Tensor | None:
             return None if x is None else x.index_select(0, index)
@@ -164,9 +164,13 @@ class TokenLayout:
 
     def rows_of(self, images: Sequence[int]) -> Tensor:
         """The token rows of the given images, image after image (as `select` gathers them)."""
-        lengths = torch.tensor([self.seqlens[int(i)] for i in images])
-        rows = torch.repeat_interleave(self._shifts(images), lengths) + torch.arange(int(lengths.sum()))
-        return rows.to(self.tokens.device)
+        lengths = [self.seqlens[int(i)] for i in images]
+        return self._rows(self._shifts(images), lengths).to(self.tokens.device)
+
+    @staticmethod
+    def _rows(shifts: Tensor, lengths: Sequence[int]) -> Tensor:
+        """Old rows of the tokens of images of ``lengths`` packed alone, from their `_shifts` (host)."""
+        return torch.repeat_interleave(shifts, torch.tensor(lengths)) + torch.arange(sum(lengths))
 
     def _shifts(self, images: Sequence[int]) -> Tensor:
         """``(len(images),)``: where each given image's tokens start here, less where they start when
