@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,6 +13,7 @@ from timm.models.eva import EvaBlock, EvaBlockPostNorm
 from timm.models.vision_transformer import Block, ResPostBlock
 from torch import Tensor, nn
 
+from splitlab.checkpoint import read_checkpoint
 from splitlab.lightning_private import ModelSetupHook, fsdp_state_dict_type
 
 BLOCKS = (Block, ResPostBlock, EvaBlock, EvaBlockPostNorm)
@@ -101,6 +103,14 @@ class BlockFSDPStrategy(ModelSetupHook, FSDPStrategy):
         if config is None:
             return config
         return dataclasses.replace(config, buffer_dtype=None, cast_root_forward_inputs=False)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Lightning's FSDP reads a full checkpoint with an unpickler of its own, which runs whatever
+        the file names: `read_checkpoint` reads it first (mapped, the weights not loaded) and refuses
+        a file that holds more than weights and plain settings."""
+        if Path(str(checkpoint_path)).is_file():
+            read_checkpoint(checkpoint_path, "ckpt_path", mmap=True)
+        return super().load_checkpoint(checkpoint_path, weights_only)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """FSDP over the blocks, everything else whole on every rank (``ignored_states``), moved to the

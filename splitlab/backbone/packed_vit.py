@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,13 +9,17 @@ from typing import Any
 
 import timm
 import torch
-from timm.layers import Attention, apply_rot_embed_cat, resample_abs_pos_embed
-from timm.models.eva import Eva, EvaAttention
-from timm.models.vision_transformer import VisionTransformer
+import torch.nn.functional as F
+from timm.layers import Attention, AttentionRope, apply_rot_embed_cat, resample_abs_pos_embed
+from timm.models.eva import EvaAttention
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.checkpoint import checkpoint
 
 from splitlab.backbone.attention import PackedSequence, check_backend_name, resolve_backend
+from splitlab.backbone.families import check_family
+from splitlab.backbone.pooling import classifier, includes_prefix, pool_padded
+from splitlab.backbone.rope import PackedRope
 from splitlab.tokenizer.layout import TokenLayout
 
 
@@ -37,88 +40,92 @@ class PackedAttention(Attention):
         q, k, v = qkv.unbind(1)
         # autocast runs qk-norm in float32: flash-attn needs q, k and v in one dtype (SDPA casts itself)
         q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)
-        dropout = self.attn_drop.p if self.training else 0.0
-        out = seq.attend(q, k, v, scale=self.scale, dropout_p=dropout)
-        out = self.norm(out.reshape(batch, total, self.num_heads * self.head_dim))
-        if gate is not None:
-            out = out * gate
-        return self.proj_drop(self.proj(out))
+        return attend_and_project(self, seq, q, k, v, gate, (batch, total))
 
 
-class PackedEvaAttention(EvaAttention):
-    """timm's `EvaAttention` on a packed sequence: rotary embedding given per token (prefix rows are identity)."""
+class PackedRotary:
+    """The packed forward of timm's attentions that take a rotary embedding (`EvaAttention`,
+    `AttentionRope`), mixed in before them: with an ordinary mask, or none, timm's own forward. The
+    embedding is given per row (prefix rows are the identity rotation), ``(rows, 2 * head_dim)`` or,
+    for per-head RoPE-Mixed, ``(heads, rows, 2 * head_dim)``; grouped-query heads are repeated after
+    the rotation, as timm does."""
 
     def forward(
         self, x: Tensor, rope: Tensor | None = None, attn_mask=None, is_causal: bool = False
-    ) -> Tensor:  # type: ignore[override]
+    ) -> Tensor:
         if not isinstance(attn_mask, PackedSequence):
             return super().forward(x, rope=rope, attn_mask=attn_mask, is_causal=is_causal)
-        seq = attn_mask
-        batch, total, channels = x.shape
+        batch, total, _ = x.shape
         gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
-        rows = batch * total
-        if self.qkv is not None:
-            if self.q_bias is None:
-                qkv = self.qkv(x)
-            else:
-                qkv = torch.nn.functional.linear(
-                    x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias))
-                )
-            q, k, v = qkv.view(rows, 3, self.num_heads, -1).unbind(1)
+        q, k, v = self.packed_qkv(x, batch * total)
+        q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)  # as `PackedAttention`
+        q, k = rotate(q, k, rope, getattr(self, "rotate_half", False))
+        groups = getattr(self, "num_kv_groups", 1)
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return attend_and_project(self, attn_mask, q, k, v, gate, (batch, total))
+
+
+class PackedEvaAttention(PackedRotary, EvaAttention):
+    """timm's `EvaAttention` (EVA-02, DINOv3, the RoPE ViTs' Eva blocks) on a packed sequence."""
+
+    def packed_qkv(self, x: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``(rows, heads, head_dim)`` queries, keys and values, as timm's projections give them."""
+        if self.qkv is None:
+            return tuple(
+                proj(x).view(rows, self.num_heads, -1) for proj in (self.q_proj, self.k_proj, self.v_proj)
+            )
+        if self.q_bias is None:
+            qkv = self.qkv(x)
+        elif getattr(self, "qkv_bias_separate", False):
+            qkv = self.qkv(x) + torch.cat((self.q_bias, self.k_bias, self.v_bias))
         else:
-            q = self.q_proj(x).view(rows, self.num_heads, -1)
-            k = self.k_proj(x).view(rows, self.num_heads, -1)
-            v = self.v_proj(x).view(rows, self.num_heads, -1)
-        q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)  # as above
-        if rope is not None:
-            q = apply_rot_embed_cat(q, rope[:, None, :]).type_as(v)
-            k = apply_rot_embed_cat(k, rope[:, None, :]).type_as(v)
-        dropout = self.attn_drop.p if self.training else 0.0
-        out = self.norm(seq.attend(q, k, v, scale=self.scale, dropout_p=dropout).reshape(batch, total, -1))
-        if gate is not None:
-            out = out * gate
-        return self.proj_drop(self.proj(out))
+            qkv = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
+        return qkv.view(rows, 3, self.num_heads, -1).unbind(1)
 
 
-PATCHED = {Attention: PackedAttention, EvaAttention: PackedEvaAttention}
+class PackedAttentionRope(PackedRotary, AttentionRope):
+    """timm's `AttentionRope` (the RoPE ViTs, Perception Encoder) on a packed sequence."""
+
+    def packed_qkv(self, x: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``(rows, heads, head_dim)`` queries, and keys and values of the key-value heads."""
+        if self.qkv is not None:
+            return self.qkv(x).view(rows, 3, self.num_heads, self.head_dim).unbind(1)
+        q = self.q_proj(x).view(rows, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(rows, self.num_kv_heads, self.head_dim)
+        return q, k, self.v_proj(x).view(rows, self.num_kv_heads, self.head_dim)
 
 
-def rope_at(rope: nn.Module, centres: Tensor, grid: tuple[int, int]) -> Tensor:
-    """Rotary embedding of timm's `RotaryEmbeddingCat` at arbitrary (y, x) positions in finest cells.
+def attend_and_project(
+    module: nn.Module,
+    seq: PackedSequence,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gate: Tensor | None,
+    shape: tuple[int, int],
+) -> Tensor:
+    """The end every timm attention shares: attention within each image (``seq``), the output norm,
+    the gate where there is one, the projection; ``shape`` is the input's ``(1, rows)``."""
+    dropout = module.attn_drop.p if module.training else 0.0
+    out = module.norm(seq.attend(q, k, v, scale=module.scale, dropout_p=dropout).reshape(*shape, -1))
+    if gate is not None:
+        out = out * gate
+    return module.proj_drop(module.proj(out))
 
-    The embedding is linear in position before sin/cos, so a coarse token gets the rotation of
-    the centre of the cells it covers, in the same coordinates as the model's own grid.
-    """
-    c = centres.float() + rope.grid_offset
-    if rope.ref_feat_shape is not None:  # per-axis Python scalars: no host-to-device copy (a sync)
-        ref = rope.ref_feat_shape
-        c = torch.stack([c[..., 0] / grid[0] * ref[0], c[..., 1] / grid[1] * ref[1]], -1)
-    angles = (c[..., None] * rope.bands.to(c.device)).flatten(-2)
-    return torch.cat([angles.sin().repeat_interleave(2, -1), angles.cos().repeat_interleave(2, -1)], -1)
 
-
-def _check_rope(model: nn.Module, name: str) -> None:
-    """Refuse rotary-embedding variants `rope_at` does not reproduce (checked against the model itself)."""
-    rope = getattr(model, "rope", None)
+def rotate(q: Tensor, k: Tensor, rope: Tensor | None, half: bool) -> tuple[Tensor, Tensor]:
+    """Rotate packed ``(rows, heads, head_dim)`` queries and keys by a per-row embedding ``(rows, 2 hd)``
+    (the same for every head) or per-head ``(heads, rows, 2 hd)`` (RoPE-Mixed); none without one."""
     if rope is None:
-        return
-    if getattr(model, "rope_mixed", False) or type(rope).__name__ != "RotaryEmbeddingCat":
-        raise ValueError(
-            f"model_name={name!r}: its rotary embedding ({type(rope).__name__}) is not supported on packed sequences"
-        )
-    grid = tuple(model.patch_embed.grid_size)
-    ys, xs = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
-    mine = rope_at(rope, torch.stack([ys, xs], -1).reshape(-1, 2), grid)
-    theirs = rope.get_embed()
-    if (
-        rope.in_pixels
-        or rope.rotate_half
-        or theirs.shape != mine.shape
-        or (theirs.float() - mine).abs().max() > 1e-4
-    ):
-        raise ValueError(
-            f"model_name={name!r}: its rotary embedding variant is not supported on packed sequences"
-        )
+        return q, k
+    rope = rope[:, None, :] if rope.dim() == 2 else rope.transpose(0, 1)
+    return apply_rot_embed_cat(q, rope, half=half).type_as(q), apply_rot_embed_cat(
+        k, rope, half=half
+    ).type_as(k)
+
+
+PATCHED = {Attention: PackedAttention, EvaAttention: PackedEvaAttention, AttentionRope: PackedAttentionRope}
 
 
 @dataclass
@@ -152,6 +159,14 @@ class PackedFeatures:
     def per_image(self) -> list[Tensor]:
         """``[(P + N_i, D)]`` per image, prefix first: the shape of timm's ``forward_features`` rows."""
         return [torch.cat([p, t]) for p, t in zip(self.prefix, self.layout.split(self.tokens), strict=True)]
+
+    def padded(self) -> tuple[Tensor, Tensor]:
+        """Each image's rows (`per_image`) padded to the longest: ``(B, P + max N, D)`` and which rows
+        are real ``(B, P + max N)``."""
+        rows = self.per_image()
+        lengths = torch.tensor([len(r) for r in rows], device=self.tokens.device)
+        x = pad_sequence(rows, batch_first=True)
+        return x, torch.arange(x.shape[1], device=x.device)[None] < lengths[:, None]
 
 
 def create_vit(model_name: str, pretrained: bool = False, checkpoint_path: str = "", **kwargs) -> nn.Module:
@@ -225,34 +240,17 @@ class PackedViT(nn.Module):
             model = create_vit(
                 model_name, pretrained=pretrained, checkpoint_path=checkpoint_path, **model_kwargs
             )
-        if not isinstance(model, VisionTransformer | Eva):
-            raise ValueError(
-                f"model_name={name!r} builds a timm {type(model).__name__}, but PackedViT needs a "
-                "VisionTransformer or an Eva (EVA-02) model"
-            )
-        _check_rope(model, name)
+        check_family(model, name)
+        # each token's rotation where the model has RoPE (checked against the module's own table)
+        self.rope = PackedRope.build(model, tuple(model.patch_embed.grid_size), name)
         self.model = model
         self.attn_backend = attn_backend
         # Inference-only cache of resampled position embeddings (pos_embed_grid): the bicubic
         # resample of a coarse grid costs as much as the quadtree walk at batch 1.
         self._resampled: dict[tuple[Any, ...], Tensor] = {}
-        self._patch_attention(name)
-
-    def _patch_attention(self, name: str) -> None:
-        for block in self.model.blocks:
-            if "attn_mask" not in inspect.signature(block.forward).parameters:
-                raise ValueError(
-                    f"model_name={name!r}: its block type {type(block).__name__} takes no attn_mask, "
-                    "so packed attention cannot reach it (timm >= 1.0.20 blocks do)"
-                )
-            attn = getattr(block, "attn", None)
-            if type(attn) in PATCHED:
-                attn.__class__ = PATCHED[type(attn)]
-            elif not isinstance(attn, tuple(PATCHED.values())):
-                raise ValueError(
-                    f"model_name={name!r}: attention type {type(attn).__name__} is not timm's Attention or "
-                    "EvaAttention, which PackedViT supports"
-                )
+        for block in self.model.blocks:  # patched in place, as ToMe patches timm (`check_family` vetted them)
+            if type(block.attn) in PATCHED:
+                block.attn.__class__ = PATCHED[type(block.attn)]
 
     def _apply(self, fn: Any, recurse: bool = True) -> PackedViT:
         self._resampled.clear()  # .to(), .half(), ...: new weights, whatever their versions say
@@ -293,42 +291,59 @@ class PackedViT(nn.Module):
         return timm.data.resolve_data_config({}, model=self.model)
 
     def embed_patches(self, images: Tensor) -> Tensor:
-        """``(B, C, h*p, w*p)`` -> ``(B, h, w, D)`` with the model's patch embedding (any size)."""
+        """``(B, C, H, W)`` -> ``(B, H // p, W // p, D)`` with the model's patch embedding (any size;
+        pixels past the last whole patch are left out, as timm's convolution leaves them)."""
         pe = self.model.patch_embed
         x = pe.proj(images).permute(0, 2, 3, 1)
         return pe.norm(x)
 
-    def pos_embed_grid(self, grid: tuple[int, int]) -> Tensor | None:
-        """``(h, w, D)`` position embedding of a ``grid``, resampled (bicubic) from the model's grid."""
+    def pos_embed_level(self, finest: tuple[int, int], side: int = 1) -> Tensor | None:
+        """``(ceil(Hf / side), ceil(Wf / side), D)`` position embedding of the patches of ``side`` x
+        ``side`` cells of the finest grid ``finest``: the model's own on its grid, resampled (bicubic,
+        as timm resizes it) to any other, and for a level whose patches the grid clips at its right and
+        bottom edges, the mean of the embeddings of the cells each patch covers."""
         pos = self.model.pos_embed
         if pos is None:
             return None
+        rows, cols = int(finest[0]), int(finest[1])
+        # Computed once per weights under inference mode (an in-place update of the embedding bumps
+        # its version, so a changed embedding is a new key); never while autograd, a compiler or export
+        # traces, nor for an inference tensor (a model built under inference mode: it has no version).
+        tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+        cacheable = torch.is_inference_mode_enabled() and not tracing and not pos.is_inference()
+        key = (rows, cols, side, pos._version, pos.data_ptr(), pos.device, pos.dtype) if cacheable else None
+        if key in self._resampled:
+            return self._resampled[key]
+        if rows % side or cols % side:  # clipped: the mean of the cells each patch has
+            fine = self.pos_embed_level((rows, cols)).permute(2, 0, 1)[None]
+            level = F.avg_pool2d(fine, side, ceil_mode=True)[0].permute(1, 2, 0)
+        else:
+            level = self._resampled_grid((rows // side, cols // side))
+        if key is not None:
+            if len(self._resampled) >= 16:  # keys of earlier weights or devices
+                self._resampled.clear()
+            self._resampled[key] = level
+        return level
+
+    def _resampled_grid(self, grid: tuple[int, int]) -> Tensor:
+        """The model's patch position embedding resampled (bicubic) to ``grid``: ``(h, w, D)``."""
+        pos = self.model.pos_embed
         skip = 0 if self.model.no_embed_class else self.num_prefix_tokens
         patch_pos = pos[:, skip:]
         old = tuple(self.model.patch_embed.grid_size)
         if tuple(grid) == old:
             return patch_pos.view(grid[0], grid[1], -1)
-        # Computed once per weights under inference mode (an in-place update of the embedding bumps
-        # its version, so a changed embedding is a new key); never while autograd, a compiler or export traces.
-        tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
-        cacheable = torch.is_inference_mode_enabled() and not tracing
-        key = (tuple(grid), pos._version, pos.data_ptr(), pos.device, pos.dtype) if cacheable else None
-        if key in self._resampled:
-            return self._resampled[key]
         patch_pos = resample_abs_pos_embed(
             patch_pos, new_size=list(grid), old_size=list(old), num_prefix_tokens=0
         )
-        patch_pos = patch_pos.view(grid[0], grid[1], -1)
-        if key is not None:
-            if len(self._resampled) >= 16:  # keys of earlier weights or devices
-                self._resampled.clear()
-            self._resampled[key] = patch_pos
-        return patch_pos
+        return patch_pos.view(grid[0], grid[1], -1)
 
     def prefix_tokens(self, batch: int) -> Tensor:
-        """``(B, P, D)`` CLS and register tokens with their position embedding, as timm adds it."""
+        """``(B, P, D)`` class, distillation (DeiT) and register tokens with their position embedding, as
+        timm adds them."""
         m = self.model
-        parts = [t.expand(batch, -1, -1) for t in (m.cls_token, m.reg_token) if t is not None]
+        own = (m.cls_token, getattr(m, "dist_token", None), getattr(m, "reg_token", None))
+        parts = [t.expand(batch, -1, -1) for t in own if t is not None]
         if not parts:
             return m.patch_embed.proj.weight.new_zeros(batch, 0, self.embed_dim)
         prefix = torch.cat(parts, dim=1)
@@ -356,7 +371,7 @@ class PackedViT(nn.Module):
         )
         if prefix is not None:
             x = x.index_copy(0, self._prefix_rows(seq, device), prefix.to(dtype))
-        return x[None], seq, token_rows
+        return self.model.pos_drop(x[None]), seq, token_rows
 
     def forward(self, layout: TokenLayout, indices: int | Sequence[int] | None = None) -> PackedFeatures:
         """Run the blocks on a layout.
@@ -367,14 +382,11 @@ class PackedViT(nn.Module):
         """
         take = self._resolve_indices(indices)
         x, seq, token_rows = self.pack(layout)
-        extra = (
-            {"rope": self.packed_rope(layout, seq, token_rows)}
-            if getattr(self.model, "rope", None) is not None
-            else {}
-        )
+        rope = None if self.rope is None else self.packed_rope(layout, seq, token_rows)
         x = self.model.norm_pre(x)
         intermediates = []
         for i, block in enumerate(self.model.blocks):
+            extra = {} if rope is None else {"rope": rope[i] if self.rope.per_block else rope}
             if self.model.grad_checkpointing and self.training and not torch.jit.is_scripting():
                 x = checkpoint(block, x, attn_mask=seq, use_reentrant=False, **extra)
             else:
@@ -388,35 +400,44 @@ class PackedViT(nn.Module):
         return PackedFeatures(prefix=prefix, tokens=tokens, intermediates=intermediates, layout=layout)
 
     def packed_rope(self, layout: TokenLayout, seq: PackedSequence, token_rows: Tensor) -> Tensor:
-        """Per-row rotary embedding of the packed sequence: each token at the centre of its cells,
-        CLS and register rows the identity rotation (sin 0, cos 1), as timm leaves prefix tokens."""
-        boxes = layout.boxes.float()
-        centres = torch.stack([(boxes[:, 1] + boxes[:, 3] - 1) / 2, (boxes[:, 0] + boxes[:, 2] - 1) / 2], -1)
-        token_rope = rope_at(self.model.rope, centres, layout.grid_size)
+        """Per-row rotary embedding of the packed sequence: each token at the centre of its cells
+        (`splitlab.backbone.rope`), CLS and register rows the identity rotation (sin 0, cos 1), as timm
+        leaves prefix tokens. ``(rows, 2 * dim)``, or ``(depth, heads, rows, 2 * head_dim)`` per block."""
+        token_rope = self.rope.at(layout.boxes, layout.grid_size)
         half = token_rope.shape[-1] // 2
         identity = torch.cat([token_rope.new_zeros(half), token_rope.new_ones(half)])
-        rope = identity.expand(seq.total, -1).index_copy(0, token_rows, token_rope)
-        return rope
+        shape = (*token_rope.shape[:-2], seq.total, token_rope.shape[-1])
+        return identity.expand(shape).clone().index_copy(-2, token_rows, token_rope)
 
-    def forward_head(self, features: PackedFeatures, pre_logits: bool = False) -> Tensor:
-        """timm's head on packed features: pooling as the model's ``global_pool``, ``fc_norm``, ``head``."""
+    def pool(self, features: PackedFeatures) -> Tensor:
+        """``(B, D)``: the model's pooling of each image's own tokens, as its ``forward_head`` pools the
+        uniform grid (class token, mean, max, or an attention pool such as SigLIP's ``map``)."""
         m = self.model
+        attention = getattr(m, "attn_pool", None) is not None
+        if not attention and m.global_pool == "token":
+            return features.prefix[:, 0]
+        if attention or includes_prefix(m, attention):  # padded per image: the pool never mixes images
+            x, valid = features.padded()
+            return pool_padded(m, x, valid, self.num_prefix_tokens)
         pool = m.global_pool
-        if pool == "token":
-            x = features.prefix[:, 0]
-        elif pool == "avg":
-            x = features.layout.pool(features.tokens)
-        elif pool in ("max", "avgmax"):
+        if pool == "avg":
+            return features.layout.pool(features.tokens)
+        if pool in ("max", "avgmax"):
             idx = features.layout.image_index[:, None].expand_as(features.tokens)
             peak = features.tokens.new_full(
                 (features.layout.batch_size, features.tokens.shape[1]), float("-inf")
             )
             peak = peak.scatter_reduce(0, idx, features.tokens, reduce="amax")
-            x = peak if pool == "max" else 0.5 * (peak + features.layout.pool(features.tokens))
-        else:
-            raise ValueError(f"global_pool={pool!r} is not supported on packed features")
-        x = m.head_drop(m.fc_norm(x))
-        return x if pre_logits else m.head(x)
+            return peak if pool == "max" else 0.5 * (peak + features.layout.pool(features.tokens))
+        raise ValueError(
+            f"global_pool={pool!r} gives no vector per image (expected token, avg, max, avgmax or map)"
+        )
+
+    def forward_head(self, features: PackedFeatures, pre_logits: bool = False) -> Tensor:
+        """timm's head on packed features: pooling as the model's own (`pool`), ``fc_norm``, ``head``;
+        DeiT distilled averages its two heads at inference as timm does."""
+        pooled = None if hasattr(self.model, "head_dist") else self.pool(features)
+        return classifier(self.model, pooled, features.prefix, pre_logits, self.training)
 
     def _resolve_indices(self, indices: int | Sequence[int] | None) -> set[int]:
         if indices is None:

@@ -14,6 +14,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from splitlab.checkpoint import read_checkpoint, safe_checkpoint_globals
 from splitlab.lightning_private import count_as_saved, skip_next_validation
 
 
@@ -139,6 +140,7 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
     Lightning's atomic save swallows a ``PermissionError``, so an unwritable checkpoint folder
     used to end a run with exit 0 and no checkpoint. Here each save is checked (the file exists and
     was written by this save); a failed save is retried, then raises a clear error naming the file.
+    Reads go through `splitlab.checkpoint.read_checkpoint`: nothing in a checkpoint runs.
 
     Args:
         retries: further attempts after a failed save.
@@ -148,6 +150,17 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
     def __init__(self, retries: int = 2, wait: float = 1.0) -> None:
         super().__init__()
         self.retries, self.wait = retries, wait
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Read as every splitlab reader reads (`splitlab.checkpoint.read_checkpoint`: weights and plain
+        settings only, whatever ``weights_only`` Lightning passes); a remote file (``s3://`` ...)
+        through Lightning's reader, weights only too."""
+        if "://" in str(path):
+            with safe_checkpoint_globals():
+                return super().load_checkpoint(path, map_location, weights_only=True)
+        return read_checkpoint(path, "ckpt_path", map_location=map_location)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         """Write to ``<path>.partial``, then rename it to ``path``: a save that fails half-way (a full

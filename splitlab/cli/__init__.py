@@ -85,7 +85,7 @@ class SplitLabCLI(CheckpointConfigHook, LightningCLI):
         if ckpt_path in ("last", "hpc"):
             ckpt_path = resolve_last(settings["trainer"], ckpt_path)
         settings["ckpt_path"] = ckpt_path
-        checkpoint = read_checkpoint(ckpt_path, "ckpt_path", weights_only=True, mmap=True)
+        checkpoint = read_checkpoint(ckpt_path, "ckpt_path", mmap=True)
         self._resume_step = logged_step(checkpoint) if subcommand == "fit" else None
         data = settings.get("data")
         data_notes = []

@@ -14,6 +14,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from splitlab.checkpoint import UnsafeCheckpoint
 from splitlab.cli.runs import version_folder
 from splitlab.lightning_private import batches_that_stepped
 from splitlab.tasks import read_checkpoint
@@ -93,7 +94,9 @@ def newest_readable(found: list[Path], which: str) -> Path:
     loaded), warning about each newer one that does not (a save that a crash or a full disk cut short)."""
     for path in reversed(found):
         try:
-            read_checkpoint(path, "ckpt_path", weights_only=True, mmap=True)
+            read_checkpoint(path, "ckpt_path", mmap=True)
+        except UnsafeCheckpoint:  # not a save cut short: never passed over for an older one in silence
+            raise
         except (ValueError, OSError) as err:
             rank_zero_warn(f"splitlab: ckpt_path={which}: skipping {path}, which does not read ({err})")
             continue

@@ -37,9 +37,10 @@ def task_classes(tasks: dict[str, Any] | None) -> dict[str, int] | None:
     }
 
 
-def model_input_size(backbone: str, backbone_kwargs: dict[str, Any] | None) -> int:
-    """The square image side the model takes: ``backbone_kwargs.img_size``, else the timm model's
-    own (its pretrained config)."""
+def model_input_size(backbone: str, backbone_kwargs: dict[str, Any] | None) -> int | list[int]:
+    """The image size the model takes: ``backbone_kwargs.img_size``, else the timm model's own (its
+    pretrained config); one side for a square input, ``[height, width]`` otherwise (classification
+    reads any; the letterboxing readers refuse it, naming this setting)."""
     size = (backbone_kwargs or {}).get("img_size")
     if size is None:
         cfg = timm.get_pretrained_cfg(str(backbone)) or timm.get_pretrained_cfg(str(backbone).split(".")[0])
@@ -50,12 +51,7 @@ def model_input_size(backbone: str, backbone_kwargs: dict[str, Any] | None) -> i
             )
         size = cfg.input_size[-2:]
     sides = [int(size)] * 2 if isinstance(size, int | float) else [int(v) for v in size]
-    if sides[0] != sides[1]:
-        raise ValueError(
-            f"model.init_args.backbone_kwargs.img_size={sides}: the data modules feed square images; "
-            f"give one side, e.g. img_size: {sides[0]}"
-        )
-    return sides[0]
+    return sides[0] if sides[0] == sides[1] else sides
 
 
 def _config_files(args: Sequence[str]) -> list[str]:

@@ -1,7 +1,8 @@
 """``splitlab``: the LightningCLI subcommands (fit, validate, test, predict) plus splitlab's own tools.
 
-``splitlab data | demo | bench | curve | compare | predict | export | calibrate`` are argparse commands in this
-room; everything else goes to `splitlab.cli` (the same LightningCLI as the ``lightning`` command).
+``splitlab data | demo | bench | curve | compare | predict | export | calibrate | convert-checkpoint`` are
+argparse commands in this room; everything else goes to `splitlab.cli` (the same LightningCLI as the
+``lightning`` command).
 ``splitlab predict MODEL INPUT...`` runs a trained model on files; given a recipe (``--config``,
 ``--ckpt_path``, ``--model.*`` ...) it is LightningCLI's ``predict``, as ``lightning predict`` is.
 Nothing imports back here.
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 
 from splitlab.cli import main as lightning_main
 from splitlab.cli import reporting_errors
-from splitlab.commands import bench, calibrate, compare, curve, data, demo, export, predict
+from splitlab.commands import bench, calibrate, compare, convert, curve, data, demo, export, predict
 
 TOOLS = {
     "data": data,
@@ -26,6 +27,7 @@ TOOLS = {
     "predict": predict,
     "export": export,
     "calibrate": calibrate,
+    "convert-checkpoint": convert,
 }
 LIGHTNING_ARGUMENTS = ("-c", "--config", "--ckpt_path", "--trainer", "--model", "--data", "--seed_everything")
 OVERRIDABLE = {"curve"}  # tools that pass further --data.* / --model.* / --trainer.* arguments on
@@ -53,7 +55,7 @@ def lightning_predict(argv: Sequence[str]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``splitlab {fit,validate,test,predict,data,demo,bench,curve,compare,export,calibrate} ...``."""
+    """``splitlab COMMAND ...``: a LightningCLI subcommand (fit, validate, test, predict) or one of `TOOLS`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in TOOLS and not (argv[0] == "predict" and lightning_predict(argv)):
         sys.exit(reporting_errors(lambda: run(argv)))

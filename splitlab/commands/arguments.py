@@ -90,7 +90,7 @@ def _int(text: str) -> int:
 
 def add_file_reading(p: argparse.ArgumentParser) -> None:
     """The options of a command that runs a model on image files (predict, calibrate): how files are
-    read (EXIF orientation, batch, decoding workers) and on which device."""
+    read (EXIF orientation, bit depth, batch, decoding workers) and on which device."""
     p.add_argument(
         "--exif-transpose",
         action=argparse.BooleanOptionalAction,
@@ -98,6 +98,14 @@ def add_file_reading(p: argparse.ArgumentParser) -> None:
         help="read each file upright by its EXIF orientation, as phones' portrait photos need "
         "(default: as the model's data was read, on unless trained with data.exif_transpose=false); "
         "--no-exif-transpose reads the pixels as stored",
+    )
+    p.add_argument(
+        "--high-depth",
+        choices=("range", "dtype"),
+        default=None,
+        help="16-bit, 32-bit and float images: 'range' scales each by its own minimum and maximum, 'dtype' "
+        "by its type's range (as an 8-bit file is read: a 16-bit twin of an 8-bit file reads alike) "
+        "(default: as the model's data was read, data.high_depth, 'range' unless set)",
     )
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument(

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import timm
 import torch
 from torch import Tensor
 
@@ -115,6 +116,9 @@ def build(cfg: BenchConfig, device: torch.device) -> SplitModel:
             kwargs["patch_size"] = cfg.patch_size
         config = {"backbone": cfg.model, "backbone_kwargs": kwargs, "attn_backend": cfg.attn_backend}
         config["levels"] = list(cfg.levels) if cfg.levels else None
+        pretrained = timm.get_pretrained_cfg(cfg.model.split(".")[0]) if timm.is_model(cfg.model) else None
+        if pretrained is not None and not pretrained.num_classes:  # a tower without a classifier
+            config["head"] = {"num_classes": 1000}  # (DINOv2, SigLIP-so400m): both paths time one
         model = SplitClassifier(config)
         if cfg.fraction is not None and cfg.fraction != model.budget:  # the one budget it deploys
             model.levels.check_fraction(cfg.fraction, "--budget")

@@ -258,7 +258,7 @@ class Outputs:
         from splitlab.callbacks.pictures import draw_tile
 
         prep = self.model.preprocessing
-        scale = max(1, 256 // prep.size)
+        scale = max(1, 256 // max(prep.shape))
         self.token_maps.mkdir(exist_ok=True)
         draw_tile(image, tokens, prep.mean, prep.std, self.model.levels.num, scale).save(
             self.token_maps / f"{stem}.png"
@@ -317,7 +317,7 @@ def main(args: argparse.Namespace) -> int:
 
     from splitlab.commands.allocator import keep_freed_memory
     from splitlab.model import load
-    from splitlab.model.predict import budget_note, image_files, iter_predictions
+    from splitlab.model.predict import budget_note, image_files, iter_predictions, mean_and_error
 
     folder = output_folder(args.model, args.out)
     files = image_files(args.inputs)
@@ -358,6 +358,7 @@ def main(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         keep_images=args.token_maps,
         exif_transpose=args.exif_transpose,
+        high_depth=args.high_depth,
     )
     try:
         for prediction in tqdm(stream, total=len(files), desc="predict", unit="img"):
@@ -373,12 +374,13 @@ def main(args: argparse.Namespace) -> int:
     except BaseException:  # Ctrl-C included: nothing under an output's own name
         outputs.abandon()
         raise
-    mean = sum(fractions) / len(fractions) if fractions else float("nan")
+    mean, error = mean_and_error(fractions)
     note = f", {skipped} skipped (not images)" if skipped else ""
     policy = model.check_policy(args.policy)
     budget = "" if policy == "uniform" else f" for a budget of {args.budget or model.budget:g}"
+    spread = f" ± {error:.3f} (standard error)" if len(fractions) > 1 else ""
     print(
-        f"predicted {len(fractions)} image(s){note}: mean token fraction {mean:.3f}{budget} "
+        f"predicted {len(fractions)} image(s){note}: mean token fraction {mean:.3f}{spread}{budget} "
         f"(policy {policy}); wrote {', '.join(written)} in {folder}"
     )
     missed = budget_note(model, fractions, args.budget, args.policy)

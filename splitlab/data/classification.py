@@ -15,7 +15,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from splitlab.data.common import BaseDataModule, SkipCorrupt, check_source, image_source, require_dir
 from splitlab.data.objects import WithBoxes, eval_resize, read_objects
-from splitlab.model.images import ImageDecoder
+from splitlab.model.images import ImageDecoder, check_high_depth
 from splitlab.model.preprocess import Preprocessing
 
 
@@ -36,7 +36,8 @@ class ImageClassificationData(BaseDataModule):
         train_split, val_split, test_split: split (folder) names; test falls back to val.
         predict_split: the split ``predict`` reads (default: ``test_split`` where the data has it,
             else ``val_split``); one the data does not have is refused.
-        img_size: square input size (the backbone's).
+        img_size: input size (the backbone's): a side, or ``[height, width]`` for a non-square input
+            (timm's transforms: evaluation keeps the aspect ratio and crops the centre).
         mean, std, interpolation, crop_pct: preprocessing (the backbone's pretrained config).
         augment: training augmentation on.
         hflip: horizontal-flip probability of the augmentation.
@@ -46,12 +47,16 @@ class ImageClassificationData(BaseDataModule):
         strict: stop at the first unreadable image instead of skipping and counting it.
         exif_transpose: read images upright by their EXIF orientation (phone photos); off reads
             the pixels as stored. The model keeps it, so ``predict`` reads files alike. Files are
-            decoded as `splitlab.model.images` says (16-bit by its own range, alpha dropped, ...).
+            decoded as `splitlab.model.images` says (16-bit as ``high_depth`` says, alpha dropped, ...).
         objects: a JSON file (a relative path is under ``root``) of each image's object box,
             ``{split: {path under root: [x0, y0, x1, y1]}}`` (``splitlab data shapes`` writes
             ``objects.json``): batches then carry the boxes (``(images, labels, boxes)``), which the
             ``oracle`` row and ``label_source: annotations`` read. ImageFolder roots without
             augmentation only (a random crop moves the object).
+        high_depth: how 16-bit, 32-bit and float images become 8 bits: ``range`` (the default: each
+            image by its own minimum and maximum) or ``dtype`` (by the type's range, as an 8-bit file
+            is read: an 8-bit file and its 16-bit twin alike); `splitlab.model.images`. The model
+            keeps it, so ``predict`` reads files alike.
     """
 
     def __init__(
@@ -65,7 +70,7 @@ class ImageClassificationData(BaseDataModule):
         val_split: str = "val",
         test_split: str = "test",
         predict_split: str | None = None,
-        img_size: int = 224,
+        img_size: int | Sequence[int] = 224,
         mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
         std: Sequence[float] = IMAGENET_DEFAULT_STD,
         interpolation: str = "bicubic",
@@ -79,8 +84,11 @@ class ImageClassificationData(BaseDataModule):
         strict: bool = False,
         exif_transpose: bool = True,
         objects: str | None = None,
+        high_depth: str = "range",
     ) -> None:
         super().__init__()
+        img_size = img_size if isinstance(img_size, int) else [int(v) for v in img_size]
+        check_high_depth(high_depth, "data.init_args.high_depth")
         check_source(root, hf_dataset, "an ImageFolder tree")
         if root is not None:
             require_dir(root, "data.root")
@@ -112,6 +120,7 @@ class ImageClassificationData(BaseDataModule):
             interpolation=hp.interpolation,
             crop_pct=hp.crop_pct,
             exif_transpose=hp.exif_transpose,
+            high_depth=hp.high_depth,
         )
 
     @property
@@ -124,7 +133,7 @@ class ImageClassificationData(BaseDataModule):
         if not training:
             return self.preprocessing.image_transform
         return create_transform(
-            input_size=(3, hp.img_size, hp.img_size),
+            input_size=(3, *self.preprocessing.shape),
             is_training=training,
             no_aug=not hp.augment,
             hflip=hp.hflip,
@@ -138,7 +147,9 @@ class ImageClassificationData(BaseDataModule):
     def _subset(self, name: str, training: bool) -> Dataset | None:
         hp = self.hparams
         transform = self.transform(training)
-        decode = ImageDecoder(hp.exif_transpose)  # one per split: each kind of conversion said once
+        decode = ImageDecoder(
+            hp.exif_transpose, hp.high_depth
+        )  # one per split: each kind of conversion said once
         if hp.root is not None:
             folder = Path(hp.root) / name
             if not folder.is_dir():
@@ -185,14 +196,18 @@ class ImageClassificationData(BaseDataModule):
         """``dataset``'s items with their object boxes, moved through the transform's resize and crop."""
         hp = self.hparams
         root = Path(hp.root)
-        resize = hp.img_size if training else eval_resize(hp.img_size, hp.crop_pct)
+        size = self.preprocessing.size  # a side, or (height, width) of a non-square input
+        # timm's training transform without augmentation resizes to (height, width) exactly (a square
+        # too: it squashes); its evaluation keeps the aspect ratio (the shorter side, for a square)
+        resize = self.preprocessing.shape if training else eval_resize(size, hp.crop_pct)
         boxes = WithBoxes(
             dataset,
             transform,
             lambda i: Path(dataset.samples[i][0]).relative_to(root).as_posix(),
             self.boxes.get(name, {}),
             resize,
-            hp.img_size,
+            size,
+            keep_ratio=not training,
         )
         missing = boxes.missing()
         if missing:

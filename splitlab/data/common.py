@@ -305,6 +305,21 @@ def check_source(root: str | None, hf_dataset: str | None, layout: str) -> None:
         raise ValueError(f"set exactly one of data.root ({layout}) and data.hf_dataset")
 
 
+def square_side(img_size: int | Sequence[int], reader: str) -> int:
+    """The side of a square input; a non-square one is refused naming the model's setting (this reader
+    letterboxes every image into a square; classification takes any ``[height, width]``)."""
+    if isinstance(img_size, int):
+        return img_size
+    sides = [int(v) for v in img_size]
+    if len(sides) == 2 and sides[0] == sides[1]:
+        return sides[0]
+    raise ValueError(
+        f"data.init_args.img_size={sides}: {reader} letterboxes images into a square, so give the model a "
+        f"square input (model.init_args.backbone_kwargs.img_size: {max(sides)}); non-square inputs are for "
+        "classification"
+    )
+
+
 def require_dir(path: str | Path, setting: str) -> Path:
     """The directory at ``path``, or a FileNotFoundError naming the setting."""
     p = Path(path).expanduser()

@@ -16,8 +16,8 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from splitlab.data.common import BadSample, BaseDataModule, SkipCorrupt, require_dir
-from splitlab.model.images import ImageDecoder
+from splitlab.data.common import BadSample, BaseDataModule, SkipCorrupt, require_dir, square_side
+from splitlab.model.images import ImageDecoder, check_high_depth
 from splitlab.model.preprocess import Preprocessing
 
 IMAGE_FIELDS = ("id", "file_name")
@@ -124,9 +124,10 @@ class CocoDetection(Dataset):
         size: int,
         training: bool = False,
         exif_transpose: bool = True,
+        high_depth: str = "range",
     ) -> None:
         self.images, self.transform, self.masks, self.size = images, transform, masks, size
-        self.decode = ImageDecoder(exif_transpose)
+        self.decode = ImageDecoder(exif_transpose, high_depth)
         self.coco, self.ids, self.categories, self.dropped = load_coco(annotations, images)
         if training:  # the letterbox drops boxes under a pixel at the network's size: say how many
             tiny = sum(self.under_a_pixel(a) for a in self.coco.dataset.get("annotations", []))
@@ -228,13 +229,17 @@ class CocoDetectionData(BaseDataModule):
         root: dataset root.
         train_images, val_images: image folders under ``root``.
         train_annotations, val_annotations: instances JSON files under ``root``.
-        img_size: network input size (divisible by the coarsest level).
+        img_size: network input size, square (the coarsest level need not divide it: clipped edge patches).
         masks: load instance masks (Mask R-CNN).
         mean, std: normalisation (the backbone's).
         batch_size, num_workers, shuffle_seed: loader settings.
         strict: stop at the first unreadable image instead of skipping and counting it.
         exif_transpose: read images upright by their EXIF orientation (boxes drawn on the upright
             image); off reads the pixels as stored. The model keeps it, so ``predict`` reads files alike.
+        high_depth: how 16-bit, 32-bit and float images become 8 bits: ``range`` (the default: each
+            image by its own minimum and maximum) or ``dtype`` (by the type's range, as an 8-bit file
+            is read: an 8-bit file and its 16-bit twin alike); `splitlab.model.images`. The model
+            keeps it, so ``predict`` reads files alike.
     """
 
     object_annotations = True  # boxes and masks
@@ -246,7 +251,7 @@ class CocoDetectionData(BaseDataModule):
         val_images: str = "val2017",
         train_annotations: str = "annotations/instances_train2017.json",
         val_annotations: str = "annotations/instances_val2017.json",
-        img_size: int = 1024,
+        img_size: int | Sequence[int] = 1024,
         masks: bool = False,
         mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
         std: Sequence[float] = IMAGENET_DEFAULT_STD,
@@ -255,9 +260,12 @@ class CocoDetectionData(BaseDataModule):
         shuffle_seed: int = 0,
         strict: bool = False,
         exif_transpose: bool = True,
+        high_depth: str = "range",
     ) -> None:
         super().__init__()
+        img_size = square_side(img_size, "COCO detection")
         require_dir(root, "data.root")
+        check_high_depth(high_depth, "data.init_args.high_depth")
         self.save_hyperparameters()
         self.mean, self.std, self.img_size = tuple(mean), tuple(std), img_size
         self.datasets: dict[str, Dataset] = {}
@@ -274,6 +282,7 @@ class CocoDetectionData(BaseDataModule):
             hp.img_size,
             training,
             hp.exif_transpose,
+            hp.high_depth,
         )
         return SkipCorrupt(ds, lambda i: str(folder / ds.coco.imgs[ds.ids[i]]["file_name"]), hp.strict)
 
@@ -325,4 +334,7 @@ class CocoDetectionData(BaseDataModule):
     @property
     def preprocessing(self) -> Preprocessing:
         """The model's input: the longer side to ``img_size``, padded square (bottom/right)."""
-        return Preprocessing(self.img_size, self.mean, self.std, exif_transpose=self.hparams.exif_transpose)
+        hp = self.hparams
+        return Preprocessing(
+            self.img_size, self.mean, self.std, exif_transpose=hp.exif_transpose, high_depth=hp.high_depth
+        )

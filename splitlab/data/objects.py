@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,23 +49,44 @@ def read_objects(
     return doc
 
 
-def centre_crop_box(box: Tensor, width: int, height: int, resize_to: int, crop: int) -> Tensor:
-    """``box`` (xyxy, the image's pixels) in the network input after torchvision's ``Resize(resize_to)``
-    (the shorter side to ``resize_to``, the longer one scaled and truncated) and ``CenterCrop(crop)``,
-    clipped to the crop: timm's deterministic geometry, training without augmentation and evaluation
-    alike."""
-    short, long = min(width, height), max(width, height)
-    new_long = int(resize_to * long / short)
-    new_w, new_h = (resize_to, new_long) if width <= height else (new_long, resize_to)
-    left, top = int(round((new_w - crop) / 2.0)), int(round((new_h - crop) / 2.0))
+def centre_crop_box(
+    box: Tensor,
+    width: int,
+    height: int,
+    resize_to: int | Sequence[int],
+    crop: int | Sequence[int],
+    keep_ratio: bool = True,
+) -> Tensor:
+    """``box`` (xyxy, the image's pixels) in the network input after timm's deterministic geometry,
+    clipped to the crop: training without augmentation and evaluation alike.
+
+    ``resize_to`` one side: torchvision's ``Resize(resize_to)`` (the shorter side to ``resize_to``, the
+    longer one scaled and truncated: timm's evaluation of a square input). ``(height, width)``: timm's
+    ``ResizeKeepRatio`` (``keep_ratio``: the smaller scale that covers it, each side rounded: evaluation
+    of a non-square input) or a plain ``Resize`` to it (training without augmentation, square or not:
+    it squashes). Then ``CenterCrop(crop)``."""
+    if isinstance(resize_to, int):
+        short, long = min(width, height), max(width, height)
+        new_long = int(resize_to * long / short)
+        new_w, new_h = (resize_to, new_long) if width <= height else (new_long, resize_to)
+    elif keep_ratio:
+        ratio = min(height / resize_to[0], width / resize_to[1])
+        new_h, new_w = round(height / ratio), round(width / ratio)
+    else:
+        new_h, new_w = int(resize_to[0]), int(resize_to[1])
+    crop_h, crop_w = (crop, crop) if isinstance(crop, int) else (int(crop[0]), int(crop[1]))
+    left, top = int(round((new_w - crop_w) / 2.0)), int(round((new_h - crop_h) / 2.0))
     scale = box.new_tensor([new_w / width, new_h / height, new_w / width, new_h / height])
     moved = box * scale - box.new_tensor([left, top, left, top])
-    return moved.clamp(0, crop)
+    return torch.minimum(moved.clamp(min=0), box.new_tensor([crop_w, crop_h, crop_w, crop_h]))
 
 
-def eval_resize(size: int, crop_pct: float) -> int:
-    """The shorter side timm's evaluation transform resizes to before its centre crop."""
-    return math.floor(size / crop_pct)
+def eval_resize(size: int | Sequence[int], crop_pct: float) -> int | tuple[int, int]:
+    """What timm's evaluation transform resizes to before its centre crop: the shorter side of a
+    square input, each side of a non-square one."""
+    if isinstance(size, int):
+        return math.floor(size / crop_pct)
+    return math.floor(size[0] / crop_pct), math.floor(size[1] / crop_pct)
 
 
 class WithBoxes(Dataset):
@@ -77,7 +98,7 @@ class WithBoxes(Dataset):
         transform: PIL image -> network input.
         key: index -> the item's key in the boxes (its path under the root, or its row index).
         boxes: ``{key: [x0, y0, x1, y1]}`` of this split.
-        resize_to, crop: the transform's geometry (`centre_crop_box`).
+        resize_to, crop, keep_ratio: the transform's geometry (`centre_crop_box`).
     """
 
     def __init__(
@@ -86,11 +107,12 @@ class WithBoxes(Dataset):
         transform: Callable[[Any], Tensor],
         key: Callable[[int], str],
         boxes: dict[str, list[float]],
-        resize_to: int,
-        crop: int,
+        resize_to: int | Sequence[int],
+        crop: int | Sequence[int],
+        keep_ratio: bool = True,
     ) -> None:
         self.dataset, self.transform, self.key, self.boxes = dataset, transform, key, boxes
-        self.resize_to, self.crop = resize_to, crop
+        self.resize_to, self.crop, self.keep_ratio = resize_to, crop, keep_ratio
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -99,7 +121,7 @@ class WithBoxes(Dataset):
         image, label = self.dataset[index]
         box = torch.tensor(self.boxes.get(self.key(index), NO_BOX), dtype=torch.float32)
         if box.any():
-            box = centre_crop_box(box, image.width, image.height, self.resize_to, self.crop)
+            box = centre_crop_box(box, image.width, image.height, self.resize_to, self.crop, self.keep_ratio)
         return self.transform(image), label, box
 
     def missing(self) -> int:

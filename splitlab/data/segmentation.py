@@ -29,8 +29,9 @@ from splitlab.data.common import (
     check_source,
     image_source,
     require_dir,
+    square_side,
 )
-from splitlab.model.images import ImageDecoder, decoded_size
+from splitlab.model.images import ImageDecoder, check_high_depth, decoded_size
 from splitlab.model.preprocess import Preprocessing
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -52,6 +53,7 @@ class SegmentationFolder(Dataset):
         reduce_zero_label: bool = True,
         checked_labels: int = CHECKED_LABELS,
         exif_transpose: bool = True,
+        high_depth: str = "range",
     ) -> None:
         files = sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
@@ -67,7 +69,7 @@ class SegmentationFolder(Dataset):
             )
         self.num_classes, self.ignore_index = num_classes, ignore_index
         self.transform, self.reduce_zero_label = transform, reduce_zero_label
-        self.decode = ImageDecoder(exif_transpose)
+        self.decode = ImageDecoder(exif_transpose, high_depth)
         self.check(checked_labels)
 
     def check(self, labelled: int) -> None:
@@ -200,7 +202,7 @@ class ADE20KData(BaseDataModule):
         num_classes: classes (150).
         ignore_index: label of unlabelled pixels.
         reduce_zero_label: raw 0 is "unlabelled" and classes start at 1 (ADE20K).
-        img_size: square crop / evaluation size (divisible by the coarsest level).
+        img_size: square crop / evaluation size (the coarsest level need not divide it).
         scale_range: training rescale range.
         mean, std: normalisation (the backbone's).
         batch_size, num_workers, shuffle_seed: loader settings.
@@ -208,6 +210,10 @@ class ADE20KData(BaseDataModule):
             mask size differing from its image) instead of skipping and counting it.
         exif_transpose: read images upright by their EXIF orientation (masks drawn on the upright
             image; masks themselves are read as stored); off reads the pixels as stored. The model
+            keeps it, so ``predict`` reads files alike.
+        high_depth: how 16-bit, 32-bit and float images become 8 bits: ``range`` (the default: each
+            image by its own minimum and maximum) or ``dtype`` (by the type's range, as an 8-bit file
+            is read: an 8-bit file and its 16-bit twin alike); `splitlab.model.images`. The model
             keeps it, so ``predict`` reads files alike.
     """
 
@@ -226,7 +232,7 @@ class ADE20KData(BaseDataModule):
         num_classes: int = 150,
         ignore_index: int = 255,
         reduce_zero_label: bool = True,
-        img_size: int = 512,
+        img_size: int | Sequence[int] = 512,
         scale_range: Sequence[float] = (0.5, 2.0),
         mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
         std: Sequence[float] = IMAGENET_DEFAULT_STD,
@@ -235,9 +241,12 @@ class ADE20KData(BaseDataModule):
         shuffle_seed: int = 0,
         strict: bool = False,
         exif_transpose: bool = True,
+        high_depth: str = "range",
     ) -> None:
         super().__init__()
+        img_size = square_side(img_size, "ADE20K segmentation")
         check_source(root, hf_dataset, "ADE20K layout")
+        check_high_depth(high_depth, "data.init_args.high_depth")
         if root is not None:
             for sub in ("images", "annotations"):
                 require_dir(Path(root) / sub / train_split, f"data.root/{sub}/{train_split}")
@@ -276,10 +285,13 @@ class ADE20KData(BaseDataModule):
                 transform,
                 hp.reduce_zero_label,
                 exif_transpose=hp.exif_transpose,
+                high_depth=hp.high_depth,
             )
             return SkipCorrupt(ds, lambda i: str(ds.pairs[i][0]), hp.strict)
 
-        decode = ImageDecoder(hp.exif_transpose)  # one per split: each kind of conversion said once
+        decode = ImageDecoder(
+            hp.exif_transpose, hp.high_depth
+        )  # one per split: each kind of conversion said once
 
         def convert(row: dict[str, Any], item: str) -> tuple[torch.Tensor, torch.Tensor]:
             image = decode(image_source(row[hp.image_column]), item)
@@ -309,8 +321,14 @@ class ADE20KData(BaseDataModule):
     def preprocessing(self) -> Preprocessing:
         """The model's input: the longer side to ``img_size``, padded square with black pixels
         (bottom/right; the mask with ``ignore_index``), then normalised."""
+        hp = self.hparams
         return Preprocessing(
-            self.img_size, self.mean, self.std, pad_fill="black", exif_transpose=self.hparams.exif_transpose
+            self.img_size,
+            self.mean,
+            self.std,
+            pad_fill="black",
+            exif_transpose=hp.exif_transpose,
+            high_depth=hp.high_depth,
         )
 
     def setup(self, stage: str) -> None:

@@ -32,10 +32,11 @@ from splitlab.data.common import (
     check_source,
     image_source,
     require_dir,
+    square_side,
     undecoded_images,
 )
 from splitlab.metrics.vqa import ANSWERS_PER_QUESTION, VQA_ANSWER_TYPES
-from splitlab.model.images import ImageDecoder
+from splitlab.model.images import ImageDecoder, check_high_depth
 from splitlab.model.preprocess import LETTERBOX_FILTERS, Preprocessing
 
 # OpenAI CLIP's normalisation (the usual VQA vision towers: CLIP / SigLIP-style ViTs at 336 px)
@@ -308,13 +309,19 @@ class VQAImages(Dataset):
         transform: PIL image -> tensor.
         images: for Hugging Face items, the split's ``image`` column (``source`` is a row).
         exif_transpose: read images upright by their EXIF orientation (`ImageDecoder`).
+        high_depth: how 16-bit, 32-bit and float images become 8 bits (`ImageDecoder`).
     """
 
     def __init__(
-        self, items: list[dict[str, Any]], transform: Any, images: Any = None, exif_transpose: bool = True
+        self,
+        items: list[dict[str, Any]],
+        transform: Any,
+        images: Any = None,
+        exif_transpose: bool = True,
+        high_depth: str = "range",
     ) -> None:
         self.items, self.transform, self.images = items, transform, images
-        self.decode = ImageDecoder(exif_transpose)
+        self.decode = ImageDecoder(exif_transpose, high_depth)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -376,6 +383,10 @@ class VQAv2Data(BaseDataModule):
         exif_transpose: read images upright by their EXIF orientation ("the cup on the left" of a
             phone photo is on the left as it was seen); off reads the pixels as stored. The model keeps
             it, so ``predict`` reads files alike.
+        high_depth: how 16-bit, 32-bit and float images become 8 bits: ``range`` (the default: each
+            image by its own minimum and maximum) or ``dtype`` (by the type's range, as an 8-bit file
+            is read: an 8-bit file and its 16-bit twin alike); `splitlab.model.images`. The model
+            keeps it, so ``predict`` reads files alike.
     """
 
     test_key = "val"
@@ -387,7 +398,7 @@ class VQAv2Data(BaseDataModule):
         hf_config: str | None = None,
         train_split: str = "train2014",
         val_split: str = "val2014",
-        img_size: int = 336,
+        img_size: int | Sequence[int] = 336,
         mean: Sequence[float] = CLIP_MEAN,
         std: Sequence[float] = CLIP_STD,
         batch_size: int = 8,
@@ -399,8 +410,11 @@ class VQAv2Data(BaseDataModule):
         pad: str = "corner",
         interpolation: str = "bicubic",
         exif_transpose: bool = True,
+        high_depth: str = "range",
     ) -> None:
         super().__init__()
+        img_size = square_side(img_size, "VQAv2")
+        check_high_depth(high_depth, "data.init_args.high_depth")
         if pad not in ("corner", "centre"):
             raise ValueError(f"data.pad={pad!r}: expected 'corner' or 'centre'")
         if interpolation not in LETTERBOX_FILTERS:
@@ -427,6 +441,7 @@ class VQAv2Data(BaseDataModule):
             interpolation=hp.interpolation,
             pad=hp.pad,
             exif_transpose=hp.exif_transpose,
+            high_depth=hp.high_depth,
         )
 
     def transform(self) -> Any:
@@ -438,7 +453,9 @@ class VQAv2Data(BaseDataModule):
         name = hp[setting] if setting != "predict_split" else hp.predict_split or hp.val_split
         if hp.root is not None:
             items = load_vqa(Path(hp.root), name, hp.max_questions, answers)
-            ds = VQAImages(items, self.transform(), exif_transpose=hp.exif_transpose)
+            ds = VQAImages(
+                items, self.transform(), exif_transpose=hp.exif_transpose, high_depth=hp.high_depth
+            )
             return SkipCorrupt(ds, lambda i: str(ds.items[i]["source"]), hp.strict)
         splits = self.hf_splits()
         label = f"data.hf_dataset={hp.hf_dataset!r}[{name}]"
@@ -446,7 +463,7 @@ class VQAv2Data(BaseDataModule):
             raise self.missing_split(setting, name)
         items = load_vqa_hf(splits[name], label, hp.max_questions, answers)
         images = undecoded_images(splits[name].select_columns(["image"]), ["image"])
-        ds = VQAImages(items, self.transform(), images, hp.exif_transpose)
+        ds = VQAImages(items, self.transform(), images, hp.exif_transpose, hp.high_depth)
         return SkipCorrupt(
             ds,
             lambda i: f"{label} image_id {ds.items[i]['target']['image_id']} (row {ds.items[i]['source']})",

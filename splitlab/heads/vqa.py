@@ -122,13 +122,24 @@ def build_tokenizer(name: str) -> Any:
     return AutoTokenizer.from_pretrained(name)
 
 
+# LLaVA checkpoints by model type: each holds ``model.language_model``, ``model.multi_modal_projector``
+# (linear_1, GELU, linear_2) and ``lm_head``; only the language model and projector are taken
+LLAVA_FAMILIES = {
+    "llava": "LlavaForConditionalGeneration",
+    "llava_next": "LlavaNextForConditionalGeneration",
+    "llava_onevision": "LlavaOnevisionForConditionalGeneration",
+}
+
+
 def build_language_model(
     lm: str | dict[str, Any], vocab_size: int | None = None, dtype: torch.dtype | None = None
 ) -> tuple[nn.Module, dict]:
     """A causal LM by hub name or local folder, or built (random init) from a config dict.
 
-    A LLaVA checkpoint (e.g. ``llava-hf/llava-1.5-7b-hf``) gives its language model; its projector's
-    weights come back as the second value (empty otherwise), to load into `VisualProjector`.
+    A LLaVA checkpoint (``llava-hf/llava-1.5-7b-hf``, LLaVA-NeXT, LLaVA-OneVision's
+    ``llava-hf/llava-onevision-qwen2-7b-ov-hf``: `LLAVA_FAMILIES`) gives its language model; its
+    projector's weights come back as the second value (empty otherwise), to load into `VisualProjector`.
+    The vision tower is splitlab's (the recipe's timm backbone), so the checkpoint's is not kept.
 
     Args:
         lm: hub name, local folder or config dict.
@@ -147,11 +158,12 @@ def build_language_model(
         return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **settings)), {}
     config = AutoConfig.from_pretrained(lm)
     weights_dtype = dtype or "auto"
-    if getattr(config, "model_type", "") != "llava":
+    family = LLAVA_FAMILIES.get(getattr(config, "model_type", ""))
+    if family is None:
         return AutoModelForCausalLM.from_pretrained(lm, dtype=weights_dtype), {}
-    from transformers import LlavaForConditionalGeneration
+    import transformers
 
-    llava = LlavaForConditionalGeneration.from_pretrained(lm, dtype=weights_dtype)
+    llava = getattr(transformers, family).from_pretrained(lm, dtype=weights_dtype)
     # The causal-LM shell is built on the meta device and takes LLaVA's own modules, so the 7B
     # weights exist once (not a second float32 copy); the vision tower is freed with `llava`.
     with torch.device("meta"):

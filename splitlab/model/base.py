@@ -19,6 +19,8 @@ from torch import Tensor, nn
 
 from splitlab import __version__
 from splitlab.backbone import PackedFeatures, PackedViT
+from splitlab.backbone.families import check_family
+from splitlab.backbone.rebuild import architecture, rebuild_kwargs
 from splitlab.model.hub import HubWeights
 from splitlab.model.preprocess import Preprocessing
 from splitlab.tokenizer import (
@@ -81,12 +83,6 @@ def model_settings(hparams: Mapping[str, Any], head_keys: Sequence[str]) -> dict
     return config
 
 
-def mlp_width(block: nn.Module) -> int | None:
-    """The hidden width of a timm block's MLP (None where it has no ``fc1``)."""
-    fc1 = getattr(getattr(block, "mlp", None), "fc1", None)
-    return int(fc1.out_features) if fc1 is not None else None
-
-
 class SplitModel(nn.Module, HubWeights):
     """A trained SPLIT model: ``model(images, budget=None, max_fraction=None, policy=None)`` returns
     the task outputs and the `TokenLayout` they were computed on.
@@ -104,6 +100,7 @@ class SplitModel(nn.Module, HubWeights):
 
     task: ClassVar[str] = ""
     head_keys: ClassVar[tuple[str, ...]] = ()
+    square_input: ClassVar[bool] = True  # its preprocessing letterboxes into a square (not a classifier's)
     registry: ClassVar[dict[str, type[SplitModel]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -126,6 +123,12 @@ class SplitModel(nn.Module, HubWeights):
             **cfg["backbone_kwargs"],
         )
         patch, size = self.backbone.patch_size, self.backbone.img_size
+        if self.square_input and size[0] != size[1]:
+            raise ValueError(
+                f"model.init_args.backbone_kwargs.img_size={list(size)}: a {self.task or 'multi-task'} model "
+                f"letterboxes images into a square, so give a square input (img_size: {max(size)}); "
+                "non-square inputs are for classification"
+            )
         levels = (
             Levels.default(patch, size)
             if cfg["levels"] is None
@@ -201,26 +204,23 @@ class SplitModel(nn.Module, HubWeights):
             **settings: further `SplitModel` settings (``decision_dim``, ``decision_context``,
                 ``backbone_kwargs``, ``head``, ...).
         """
-        name = (getattr(vit, "pretrained_cfg", None) or {}).get("architecture")
-        if not name:
-            raise ValueError(
-                f"from_timm needs a model built by timm.create_model, got a {type(vit).__name__}"
-            )
-        block = vit.blocks[0]
-        size = vit.patch_embed.img_size
-        kwargs = {
-            "img_size": list(size) if size[0] != size[1] else int(size[0]),
-            "patch_size": int(vit.patch_embed.patch_size[0]),
-            "embed_dim": int(vit.embed_dim),
-            "depth": len(vit.blocks),
-            "num_heads": int(block.attn.num_heads),
-            **(
-                {"mlp_ratio": hidden / vit.embed_dim}
-                if (hidden := mlp_width(block)) != 4 * vit.embed_dim
-                else {}
-            ),
-            **dict(settings.pop("backbone_kwargs", None) or {}),
-        }
+        # the parameters are built outside inference mode (a ViT built inside it is read, not trained)
+        with torch.inference_mode(False):
+            return cls._from_timm(vit, levels, task, budget, budgets, **settings)
+
+    @classmethod
+    def _from_timm(
+        cls,
+        vit: nn.Module,
+        levels: Sequence[int] | None,
+        task: str,
+        budget: float,
+        budgets: Sequence[float] | None,
+        **settings: Any,
+    ) -> SplitModel:
+        name = architecture(vit)
+        check_family(vit, name)  # before reading its sizes: a refused family in one line
+        kwargs = rebuild_kwargs(vit, dict(settings.pop("backbone_kwargs", None) or {}))
         head = dict(settings.pop("head", None) or {})
         if task == "classification":
             head = {"num_classes": int(vit.num_classes), "global_pool": vit.global_pool, **head}
@@ -238,20 +238,9 @@ class SplitModel(nn.Module, HubWeights):
         model = SplitModel.from_config(config)
         weights = vit.state_dict()
         if task != "classification":  # the timm classifier is no part of another task's model
-            weights = {k: v for k, v in weights.items() if not k.startswith("head.")}
-        try:
-            missing, unexpected = model.backbone.model.load_state_dict(
-                weights, strict=task == "classification"
-            )
-            differ = [k for k in missing + unexpected if not k.startswith("head.")]
-            if differ:
-                raise RuntimeError(f"keys that differ\n{differ[0]}")
-        except RuntimeError as err:
-            first = str(err).split("\n")[1].strip() if "\n" in str(err) else str(err)
-            raise ValueError(
-                f"from_timm: {name} rebuilt with {kwargs} does not take the given model's weights ({first}): "
-                "pass backbone_kwargs= the timm.create_model arguments it was built with"
-            ) from None
+            weights = {k: v for k, v in weights.items() if not k.startswith(("head.", "head_dist."))}
+        with torch.no_grad():
+            model.backbone.model.load_state_dict(weights, strict=task == "classification")
         return model
 
     @classmethod
@@ -282,7 +271,9 @@ class SplitModel(nn.Module, HubWeights):
     def default_preprocessing(self) -> Preprocessing:
         """Preprocessing before a data module says otherwise: the backbone's pretrained mean and std."""
         cfg = self.backbone.data_config
-        return Preprocessing(self.backbone.img_size[0], tuple(cfg["mean"]), tuple(cfg["std"]))
+        return Preprocessing(
+            self.backbone.img_size, tuple(cfg["mean"]), tuple(cfg["std"])
+        )  # square: letterbox
 
     def cap_tokens(self, max_fraction: float | None, setting: str = "max_fraction") -> int | None:
         """A per-image cap on the token fraction as a token count of the finest grid (None: no cap)."""

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from splitlab.backbone.pooling import classifier, pool_padded
 from splitlab.model.base import SplitModel
 from splitlab.tokenizer import cap_splits, cover_slots, leaf_masks
 
@@ -40,10 +41,10 @@ class StaticWalk(nn.Module):
         budget = torch.full((images.shape[0],), self.budget, device=images.device)
         logits = model.tokenizer.decision_logits(tokens, budget)
         decisions = [lg > self.cut for lg in logits]
-        finest = tokens[-1].shape[1] * tokens[-1].shape[2]
-        if self.max_tokens < finest:  # a cap that can bind
-            decisions = cap_splits(decisions, logits, self.max_tokens)
-        keep, _ = leaf_masks(decisions, ())
+        finest = tuple(tokens[-1].shape[1:3])
+        if self.max_tokens < finest[0] * finest[1]:  # a cap that can bind
+            decisions = cap_splits(decisions, logits, self.max_tokens, finest)
+        keep, _ = leaf_masks(decisions, finest)
         batch, dim = images.shape[0], tokens[0].shape[-1]
         keep_flat = torch.cat([k.reshape(batch, -1) for k in keep], 1)
         every = torch.cat([t.reshape(batch, -1, dim) for t in tokens], 1)
@@ -106,17 +107,14 @@ class StaticSplit(nn.Module):
                 intermediates.append(x[:, prefix_len:])
         x = vit.norm(x)
         if model.task == "classification":
-            return self.classify(x, valid, prefix_len), counts
+            return self.classify(x, keys, prefix_len), counts
         return self.segment(intermediates, cover), counts
 
-    def classify(self, x: Tensor, valid: Tensor, prefix_len: int) -> Tensor:
+    def classify(self, x: Tensor, keys: Tensor, prefix_len: int) -> Tensor:
+        """timm's head on each image's own rows (``keys``: which are real), as the packed path pools."""
         vit = self.model.backbone.model
-        if vit.global_pool == "token":
-            pooled = x[:, 0]
-        else:  # mean over each image's own tokens
-            weights = valid.to(x.dtype)[..., None]
-            pooled = (x[:, prefix_len:] * weights).sum(1) / weights.sum(1)
-        return vit.head(vit.head_drop(vit.fc_norm(pooled)))
+        pooled = None if hasattr(vit, "head_dist") else pool_padded(vit, x, keys, prefix_len)
+        return classifier(vit, pooled, x[:, :prefix_len], pre_logits=False, training=False)
 
     def segment(self, intermediates: list[Tensor], cover: Tensor) -> Tensor:
         """Each chosen block's tokens spread over the finest grid, through the pyramid and decode head."""

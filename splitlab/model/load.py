@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from splitlab.checkpoint import read_checkpoint
 from splitlab.model.base import SplitModel, model_settings
 from splitlab.model.preprocess import Preprocessing
 
@@ -25,21 +26,6 @@ LEGACY_TASKS = {
     "VQATask": "vqa",
 }
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def read_checkpoint(path: str | Path, setting: str, **load_kwargs: Any) -> Any:
-    """``torch.load`` of a checkpoint a setting names, with the errors a user can fix worded as such:
-    no such file, or a file that is truncated or not a checkpoint (torch's own error names neither)."""
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"{setting}={str(path)!r}: no such checkpoint file")
-    try:
-        return torch.load(file, map_location="cpu", **load_kwargs)
-    except Exception as err:
-        raise ValueError(
-            f"{setting}={str(path)!r} is not a readable checkpoint ({type(err).__name__}): "
-            "the file is truncated or not a checkpoint torch can read"
-        ) from None
 
 
 def legacy_key(key: str) -> str:
@@ -94,7 +80,7 @@ def legacy_config(checkpoint: Mapping[str, Any], source: str) -> dict[str, Any]:
 
 def from_checkpoint(path: str | Path, setting: str = "checkpoint") -> SplitModel:
     """The `SplitModel` inside a splitlab training checkpoint (a ``.ckpt`` of any task)."""
-    checkpoint = read_checkpoint(path, setting, weights_only=True, mmap=True)
+    checkpoint = read_checkpoint(path, setting, mmap=True)
     meta = checkpoint.get("splitlab") if isinstance(checkpoint, dict) else None
     if meta is None or "state_dict" not in checkpoint:
         raise ValueError(f"{setting}={str(path)!r} was not written by a splitlab task")

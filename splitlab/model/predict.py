@@ -4,6 +4,7 @@ deployed path, mapped back to each input's own pixels."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -75,14 +76,21 @@ class InputImages(Dataset):
         preprocessing: the model's.
         exif_transpose: apply EXIF orientations (default: as ``preprocessing`` says, i.e. as the
             model's data module read its files).
+        high_depth: ``range`` or ``dtype``: how 16-bit, 32-bit and float images become 8 bits
+            (default: as ``preprocessing`` says; `splitlab.model.images`).
     """
 
     def __init__(
-        self, items: Sequence[Any], preprocessing: Preprocessing, exif_transpose: bool | None = None
+        self,
+        items: Sequence[Any],
+        preprocessing: Preprocessing,
+        exif_transpose: bool | None = None,
+        high_depth: str | None = None,
     ) -> None:
         self.items, self.preprocessing = list(items), preprocessing
         upright = preprocessing.exif_transpose if exif_transpose is None else exif_transpose
-        self.decode = ImageDecoder(upright)  # one per run: each kind of conversion said once
+        depth = preprocessing.high_depth if high_depth is None else high_depth
+        self.decode = ImageDecoder(upright, depth)  # one per run: each kind of conversion said once
 
     def __len__(self) -> int:
         return len(self.items)
@@ -142,6 +150,7 @@ class RunOptions:
     return_layout: bool = False
     keep_images: bool = False
     exif_transpose: bool | None = None
+    high_depth: str | None = None
 
 
 def as_items(inputs: Any) -> list[Any]:
@@ -162,7 +171,7 @@ def iter_predictions(
         raise ValueError(f"batch_size={batch_size}: must be at least 1")
     model.check_call(run.budget, run.max_fraction, run.policy)  # before any image is decoded
     loader = DataLoader(
-        InputImages(items, model.preprocessing, run.exif_transpose),
+        InputImages(items, model.preprocessing, run.exif_transpose, run.high_depth),
         batch_size=batch_size,
         num_workers=num_workers,
         collate_fn=collate,
@@ -202,27 +211,47 @@ def predict_batch(
     return out
 
 
-BUDGET_TOLERANCE = 0.05  # a mean further from the budget than this is said
+# A mean token fraction is said to miss its budget when it is further from it than both of these:
+BUDGET_TOLERANCE = 0.02  # a miss this small does not matter, however many images show it
+BUDGET_ERRORS = 2.0  # a miss within this many standard errors may be these images' chance
+
+
+def mean_and_error(fractions: Sequence[float]) -> tuple[float, float]:
+    """The mean of per-image token fractions and its standard error (sample standard deviation over
+    the root of the count; NaN for fewer than two images)."""
+    count = len(fractions)
+    if count == 0:
+        return float("nan"), float("nan")
+    mean = sum(fractions) / count
+    if count < 2:
+        return mean, float("nan")
+    variance = sum((f - mean) ** 2 for f in fractions) / (count - 1)
+    return mean, math.sqrt(variance / count)
 
 
 def budget_note(
     model: Any, fractions: Sequence[float], budget: float | None, policy: str | None
 ) -> str | None:
     """What to say when the images' mean token fraction misses the budget by more than
-    `BUDGET_TOLERANCE` (None otherwise). The deployed cut was calibrated on the training images; on
-    images of another kind it buys another fraction (the demo model, budget 0.5, on 1,000 real photos:
-    0.867). The uniform grid has no budget to miss."""
+    `BUDGET_TOLERANCE` and by more than `BUDGET_ERRORS` standard errors (None otherwise: one image,
+    or a few whose mean may be off by chance, say nothing). The deployed cut was calibrated on the
+    training images; on images of another kind it buys another fraction (the demo model, budget 0.5,
+    on 1,000 real photos: 0.867). The uniform grid has no budget to miss."""
     policy = model.check_policy(policy)
     budget = model.budget if budget is None else float(budget)
     if policy == "uniform" or not fractions:
         return None
-    mean = sum(fractions) / len(fractions)
-    if abs(mean - budget) <= BUDGET_TOLERANCE:
+    mean, error = mean_and_error(fractions)
+    miss = abs(mean - budget)
+    if miss <= BUDGET_TOLERANCE or not miss > BUDGET_ERRORS * error:
         return None
+    errors = f", {miss / error:.0f} standard errors" if error > 0 else ""
     return (
-        f"the mean token fraction of these {len(fractions)} image(s) is {mean:.3f}, for a budget of {budget:g}: "
-        "its cut was calibrated on the training images, and these differ; `splitlab calibrate MODEL IMAGES "
-        "--out DIR` re-fits it on images like these (max_fraction / --max-fraction bounds every image)"
+        f"the mean token fraction of these {len(fractions)} image(s) is {mean:.3f} ± {error:.3f} (standard "
+        f"error), for a budget of {budget:g}: {miss:.3f} off{errors}. Its cut was calibrated on other images "
+        "(the training images, or those it was last calibrated on), and these differ; `splitlab calibrate "
+        "MODEL IMAGES --out DIR` re-fits it on images like these (max_fraction / --max-fraction bounds "
+        "every image)"
     )
 
 
@@ -245,15 +274,19 @@ def predict(model: Any, inputs: Any, **options: Any) -> list[dict[str, Any]]:
         exif_transpose: apply each file's EXIF orientation, as phones' portrait photos need (default:
             as the model's data was read, ``data.exif_transpose``, on unless trained with it off).
             Every input is decoded as the data modules decode files (`splitlab.model.images`):
-            16-bit and float images scaled by their own range, alpha and later frames dropped, said
+            16-bit and float images as ``high_depth`` says, alpha and later frames dropped, said
             once per run.
+        high_depth: ``range`` (each 16-bit, 32-bit or float image by its own minimum and maximum)
+            or ``dtype`` (by its type's range, so that an 8-bit file and its 16-bit twin read alike);
+            default: as the model's data was read (``data.high_depth``, ``range`` unless set).
 
     Returns:
         per input: ``tokens``, ``token_fraction`` and the task's fields (classification ``class``,
         ``probability``, ``top_k``; detection ``boxes`` xyxy in the input's pixels, ``scores``,
         ``labels``, ``category_ids``, ``names``; segmentation ``mask`` (H, W); VQA ``answers``).
         An unreadable input gives ``{"source": ..., "skipped": reason}`` with a warning. A mean
-        token fraction more than 0.05 from the budget is warned about (`budget_note`).
+        token fraction further from the budget than both 0.02 and two standard errors is warned
+        about, with its standard error (`budget_note`).
     """
     out: list[dict[str, Any]] = []
     for prediction in iter_predictions(model, inputs, **options):

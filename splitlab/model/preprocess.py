@@ -20,7 +20,7 @@ from torch import Tensor
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from splitlab.model.images import decode_image
+from splitlab.model.images import check_high_depth, decode_image
 
 RESIZES = ("crop", "letterbox")
 LETTERBOX_FILTERS = ("bilinear", "bicubic")  # torchvision's antialiased tensor resizes
@@ -77,7 +77,8 @@ class Preprocessing:
     """How an image of any size becomes the network's ``size`` x ``size`` input.
 
     Attributes:
-        size: the square input side in pixels.
+        size: the input side in pixels, or ``(height, width)`` of a non-square input (``crop`` only:
+            timm's transform resizes keeping the aspect ratio to cover it, then crops its centre).
         mean, std: normalisation of pixels in ``[0, 1]``.
         resize: ``crop`` (timm's evaluation transform: the shorter side to ``size / crop_pct``,
             then a centre crop; classification) or ``letterbox`` (the longer side to ``size``, then
@@ -91,9 +92,12 @@ class Preprocessing:
             (pixels 0, added before normalising, as the ADE20K transform pads image and mask).
         exif_transpose: files are read upright by their EXIF orientation (the data modules'
             ``exif_transpose``): here so that predict reads files as the model's training data was read.
+        high_depth: how 16-bit, 32-bit and float images become 8 bits (the data modules'
+            ``high_depth``): ``range`` (each image by its own minimum and maximum, the default) or
+            ``dtype`` (by the type's range, as an 8-bit file is read); `splitlab.model.images`.
     """
 
-    size: int
+    size: int | tuple[int, int]
     mean: tuple[float, ...] = (0.485, 0.456, 0.406)
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
     resize: str = "letterbox"
@@ -102,8 +106,14 @@ class Preprocessing:
     pad: str = "corner"
     pad_fill: str = "mean"
     exif_transpose: bool = True
+    high_depth: str = "range"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.size, int):  # [h, w] from config.json, or (h, w); a square is its side
+            sides = tuple(int(v) for v in self.size)
+            if len(sides) != 2:
+                raise ValueError(f"preprocessing size={list(self.size)}: give a side or [height, width]")
+            object.__setattr__(self, "size", sides[0] if sides[0] == sides[1] else sides)
         object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
         object.__setattr__(self, "std", tuple(float(s) for s in self.std))
         for name, value, allowed in (
@@ -113,10 +123,16 @@ class Preprocessing:
         ):
             if value not in allowed:
                 raise ValueError(f"preprocessing {name}={value!r}: expected one of {allowed}")
-        if int(self.size) < 1:
+        if min(self.shape) < 1:
             raise ValueError(f"preprocessing size={self.size}: must be positive")
+        if self.resize == "letterbox" and self.shape[0] != self.shape[1]:
+            raise ValueError(
+                f"preprocessing size={list(self.shape)}: the letterbox pads to a square (detection, "
+                "segmentation, VQA); a non-square input is a classifier's (resize: crop)"
+            )
         if not isinstance(self.exif_transpose, bool):
             raise ValueError(f"preprocessing exif_transpose={self.exif_transpose!r}: expected true or false")
+        check_high_depth(self.high_depth, "preprocessing high_depth")
         if self.resize == "letterbox" and self.interpolation not in LETTERBOX_FILTERS:
             raise ValueError(
                 f"preprocessing interpolation={self.interpolation!r}: the letterbox resizes with one of "
@@ -132,9 +148,16 @@ class Preprocessing:
             raise ValueError(f"preprocessing: unknown settings {unknown}; expected {sorted(known)}")
         return cls(**values)
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(height, width)`` of the network input."""
+        return (self.size, self.size) if isinstance(self.size, int) else self.size
+
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)
         values["mean"], values["std"] = list(self.mean), list(self.std)
+        if not isinstance(self.size, int):
+            values["size"] = list(self.size)
         return values
 
     # ----------------------------------------------------------------------------- transforms
@@ -164,7 +187,7 @@ class Preprocessing:
             from timm.data import create_transform
 
             return create_transform(
-                input_size=(3, self.size, self.size),
+                input_size=(3, *self.shape),
                 is_training=False,
                 interpolation=self.interpolation,
                 mean=self.mean,
@@ -178,7 +201,7 @@ class Preprocessing:
         """Where an image of ``width`` x ``height`` lies in the network input (the letterbox's scale
         and padding, computed as torchvision's resize and `PadTo` compute them)."""
         if self.resize == "crop":
-            return Placement(width, height, 1.0, resized=(self.size, self.size))
+            return Placement(width, height, 1.0, resized=self.shape)
         long, short = max(width, height), min(width, height)
         new_short = int(self.size * short / long)  # torchvision's size for max_size alone
         new_w, new_h = (self.size, new_short) if width >= height else (new_short, self.size)
@@ -189,8 +212,9 @@ class Preprocessing:
 
     def __call__(self, image: Image.Image) -> tuple[Tensor, Placement]:
         """One PIL image of any mode (decoded as the readers decode files: `decode_image`, upright as
-        ``exif_transpose`` says) -> its network input and placement."""
-        return self.from_rgb(decode_image(image, self.exif_transpose))
+        ``exif_transpose`` says, high-depth values as ``high_depth`` says) -> its network input and
+        placement."""
+        return self.from_rgb(decode_image(image, self.exif_transpose, high_depth=self.high_depth))
 
     def from_rgb(self, image: Image.Image) -> tuple[Tensor, Placement]:
         """One image `decode_image` gave (8-bit RGB, already upright or not) -> its network input and

@@ -30,29 +30,41 @@ DETECTION_HEAD = (
 )
 
 
+# timm's poolings that give one vector per image, each run on the image's own packed tokens
+POOLS = ("token", "avg", "max", "avgmax", "map", "prr")
+
+
 def _pick(settings: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
     return {k: settings[k] for k in keys if k in settings and settings[k] is not None}
 
 
 class SplitClassifier(SplitModel):
-    """Classification with the timm model's own head (CLS token or mean pool).
+    """Classification with the timm model's own head (class token, mean or max pool, SigLIP's attention
+    pool, DeiT's two distilled heads), on each image's own tokens.
 
-    Head settings: ``num_classes`` (None keeps the timm model's head), ``global_pool``
-    (``token`` / ``avg``; None keeps the model's).
+    Head settings: ``num_classes`` (None keeps the timm model's head), ``global_pool`` (one of
+    ``POOLS``; None keeps the model's).
     """
 
     task = "classification"
     head_keys = ("num_classes", "global_pool")
+    square_input = False  # timm's crop transform takes any (height, width)
 
     def build_head(self, settings: dict[str, Any]) -> None:
         model = self.backbone.model
         pool = settings.get("global_pool") or model.global_pool
-        if pool not in ("token", "avg"):
-            raise ValueError(f"global_pool={pool!r}: expected 'token' or 'avg'")
+        if pool not in POOLS:
+            raise ValueError(f"global_pool={pool!r}: expected one of {POOLS} (a vector per image)")
         classes = settings.get("num_classes")
         classes = model.num_classes if classes is None else int(classes)
         if classes != model.num_classes or pool != model.global_pool:
-            model.reset_classifier(classes, pool)
+            try:
+                model.reset_classifier(classes, pool)
+            except AssertionError as err:  # timm cannot add an attention pool or distilled head later
+                raise ValueError(
+                    f"global_pool={pool!r}: the backbone was built with global_pool={model.global_pool!r} "
+                    f"and timm cannot change it to {pool!r} ({err}); set backbone_kwargs.global_pool instead"
+                ) from None
         if model.num_classes < 1:
             raise ValueError(f"backbone {self.config['backbone']!r} has no classifier: set num_classes")
         return None
@@ -60,7 +72,7 @@ class SplitClassifier(SplitModel):
     def default_preprocessing(self) -> Preprocessing:
         cfg = self.backbone.data_config
         return Preprocessing(
-            self.backbone.img_size[0],
+            self.backbone.img_size,  # (height, width): a classifier's input may be non-square
             tuple(cfg["mean"]),
             tuple(cfg["std"]),
             resize="crop",

@@ -80,6 +80,7 @@ class Calibration:
         with torch.random.fork_rng(devices=devices), self.trainer.precision_plugin.forward_context():
             for batch in sample:
                 images, _ = self.unpack_batch(self.transfer_batch_to_device(batch, self.device, 0))
+                finest = self.levels.finest_grid(images.shape[-2:])
                 if apt:
                     entropies.append(entropy_scores(images, self.levels, mean=mean, std=std))
                 if not learned:
@@ -93,7 +94,9 @@ class Calibration:
             return
         # the cuts, and the spreads: any cap meets the budgets too
         points.fit_sample(
-            [[torch.cat(level) for level in zip(*at, strict=True)] for at in logits], self.mean_over_ranks
+            [[torch.cat(level) for level in zip(*at, strict=True)] for at in logits],
+            self.mean_over_ranks,
+            finest,
         )
 
     def calibration_sample(self, count: int) -> Iterable[Any] | None:
@@ -153,21 +156,23 @@ class Calibration:
         """
         hp = self.hparams
         per_level = [torch.cat(level) for level in zip(*entropies, strict=True)]
+        finest = self.levels.finest_grid(self.backbone.img_size)
         how = "entropy_thresholds"
         if hp.entropy_thresholds is None:
             if hp.apt_search == "quantile":
-                cuts, how = level_thresholds(per_level, self.target_fraction), "same-quantile cuts"
+                cuts, how = level_thresholds(per_level, self.target_fraction, finest), "same-quantile cuts"
             else:
                 started = time.perf_counter()
                 cuts, records = search_level_cuts(
                     per_level,
                     self.target_fraction,
                     lambda candidates: self.apt_losses(sample, entropies, candidates),
+                    finest=finest,
                 )
                 how = f"{describe_search(records)}, {time.perf_counter() - started:.1f} s"
             self.model.apt_cuts.copy_(self.mean_over_ranks(cuts))
             self.model.apt_fraction.fill_(self.target_fraction)
-        fraction = float(layout_fraction(per_level, self.model.apt_cuts).mean())
+        fraction = float(layout_fraction(per_level, self.model.apt_cuts, finest).mean())
         rank_zero_info(
             f"splitlab: APT's cuts {[round(c, 3) for c in self.model.apt_cuts.tolist()]} bits for the "
             f"{list(self.levels.sizes[:-1])} px patches ({how}): token fraction {fraction:.3f} on "

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import importlib
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning import LightningModule
 from lightning.pytorch.utilities import rank_zero_warn
 
+from splitlab.checkpoint import read_checkpoint, safe_checkpoint_globals
 from splitlab.lightning_private import attached_trainer
-from splitlab.model.load import legacy_key, read_checkpoint, upgrade_state_dict
+from splitlab.model.load import legacy_key, upgrade_state_dict
 from splitlab.model.preprocess import Preprocessing
 
 __all__ = ["SamplingStream", "TaskState", "load_task", "read_checkpoint"]
+
+# What of a model an init_checkpoint's weights depend on, as the model's config records it
+ARCHITECTURE = ("task", "backbone", "backbone_kwargs", "levels", "head")
 
 
 class SamplingStream:
@@ -102,13 +109,14 @@ class TaskState:
         """Refuse data that does not fit the model, before any work (Lightning sets the data up first)."""
         size = getattr(datamodule, "img_size", None)
         height, width = self.backbone.img_size
-        if size is not None and height != width:
-            raise ValueError(
-                f"model.init_args.backbone_kwargs.img_size={[height, width]}: the data modules feed square images "
-                f"(data.init_args.img_size={size} is one side); give the model a square input, e.g. "
-                f"backbone_kwargs.img_size: {size}"
-            )
-        if size is not None and (int(size), int(size)) != (height, width):
+        sides = (
+            None
+            if size is None
+            else (int(size),) * 2
+            if isinstance(size, int)
+            else tuple(int(v) for v in size)
+        )
+        if sides is not None and sides != (height, width):
             raise ValueError(
                 f"data.init_args.img_size={size} differs from the model's input size {height}x{width} "
                 "(model.init_args.backbone_kwargs.img_size): set both to the same size"
@@ -166,7 +174,11 @@ class TaskState:
     def load_init_checkpoint(self, path: str) -> None:
         """Start from a splitlab (or plain) state dict: backbone, head and embeddings; the policy
         (decision module, operating points, λ) starts fresh."""
-        saved = read_checkpoint(path, "init_checkpoint", weights_only=False)
+        saved = read_checkpoint(path, "init_checkpoint")
+        if not isinstance(saved, dict):
+            raise ValueError(
+                f"init_checkpoint={path!r} holds a {type(saved).__name__}, not a state dict or a checkpoint"
+            )
         policy = (
             "model.tokenizer.decision.",
             "model.tokenizer.operating_points.",
@@ -186,15 +198,32 @@ class TaskState:
         ]
         if resized:  # torch's own error names neither the file nor the setting behind the shape
             raise ValueError(
-                f"init_checkpoint={path!r} was trained with other sizes: {'; '.join(resized[:3])}; "
-                "build this model with the settings of that run (backbone_kwargs, lm, num_classes, ...)"
+                f"init_checkpoint={path!r} was trained with other sizes: {'; '.join(resized[:3])}"
+                f"{self.settings_differing(saved)}; build this model with the settings of that run "
+                "(backbone_kwargs, lm, num_classes, ...)"
             )
         missing, unexpected = self.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.startswith(policy)]
         if missing or unexpected:
             raise ValueError(
-                f"init_checkpoint={path!r} does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                f"init_checkpoint={path!r} does not fit this model: missing {missing[:5]}, unexpected "
+                f"{unexpected[:5]}{self.settings_differing(saved)}"
             )
+
+    def settings_differing(self, saved: dict[str, Any]) -> str:
+        """``"; its settings differ: ..."``: what of the model a checkpoint records (its task,
+        backbone, sizes, head) differs from this model's, for a refusal ("" when it records none)."""
+        config = saved.get("splitlab", {}).get("model")
+        if not isinstance(config, dict):
+            return ""
+        mine = self.model.export_config()
+        differ = [
+            f"{key} {json.dumps(config[key], default=str)} (this model: {json.dumps(mine.get(key), default=str)})"
+            for key in ARCHITECTURE
+            if key in config
+            and json.dumps(config[key], default=str) != json.dumps(mine.get(key), default=str)
+        ]
+        return f"; its settings differ: {'; '.join(differ)}" if differ else ""
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["splitlab"] = {
@@ -259,9 +288,21 @@ def load_task(path: str | Path, map_location: Any = "cpu", setting: str = "check
     option that gave ``path`` in errors."""
     file = Path(path)
     # mmap: the metadata without reading the weights, which load_from_checkpoint reads next
-    meta = read_checkpoint(file, setting, weights_only=False, mmap=True).get("splitlab", {})
+    checkpoint = read_checkpoint(file, setting, mmap=True)
+    meta = checkpoint.get("splitlab", {}) if isinstance(checkpoint, dict) else {}
     if "task_class" not in meta:
         raise ValueError(f"{setting}={str(path)!r} was not written by a splitlab task")
     module, _, name = meta["task_class"].rpartition(".")
-    cls = getattr(importlib.import_module(module), name)
-    return cls.load_from_checkpoint(file, map_location=map_location)
+    if module.partition(".")[0] != "splitlab" and module not in sys.modules:
+        # a file names what to import: splitlab's own modules, or one the user has imported already
+        raise ValueError(
+            f"{setting}={str(path)!r} names task class {meta['task_class']!r} of a module not imported "
+            f"here: splitlab imports only its own on a checkpoint's word; import {module} first"
+        )
+    cls = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, LightningModule)):
+        raise ValueError(
+            f"{setting}={str(path)!r} names task class {meta['task_class']!r}, which splitlab lacks"
+        )
+    with safe_checkpoint_globals():  # read as `read_checkpoint` read it: the file holds nothing else
+        return cls.load_from_checkpoint(file, map_location=map_location, weights_only=True)

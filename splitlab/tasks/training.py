@@ -14,11 +14,18 @@ from torch import Tensor
 from splitlab.lightning_private import attached_trainer
 from splitlab.rl import advantages, ppo_policy_loss
 from splitlab.tasks.optimization import Optimization
-from splitlab.tokenizer import annotation_labels, calibrate_threshold, fraction_of, policy, warm_start_labels
+from splitlab.tokenizer import (
+    annotation_labels,
+    calibrate_threshold,
+    fraction_of,
+    policy,
+    sensitivity_labels,
+    warm_start_labels,
+)
 
 Stage = Literal["dense", "warm_start", "ppo"]
 LABEL_TARGETS = ("initial", "live")
-LABEL_SOURCES = ("embedding", "annotations")
+LABEL_SOURCES = ("embedding", "annotations", "sensitivity")
 
 
 def check_warm_start(label_target: str, label_source: str, imitation_steps: int) -> None:
@@ -116,7 +123,7 @@ class StageTraining(Optimization):
             point, budget = self.step_budget()
             with torch.no_grad():
                 logits = self.tokenizer.decision_logits(tokens, budget)
-            stats["deployed_fraction"] = self.calibrate(logits, point, budget).mean()
+            stats["deployed_fraction"] = self.calibrate(logits, point, budget, tokens[-1].shape[1:3]).mean()
             layout = self.tokenizer.tokenize(tokens, "threshold", logits=logits, budget=budget)
             imitation = None
         elif self.hparams.policy != "learned":  # APT and random, fine-tuned on their own layouts
@@ -126,11 +133,11 @@ class StageTraining(Optimization):
         else:
             point, budget = self.step_budget()
             logits = self.tokenizer.decision_logits(tokens, budget)
-            labels = self.imitation_labels(images, batch, budget)
+            labels = self.imitation_labels(images, targets, batch, budget)
             imitation = self.imitation_loss(logits, labels)
             # The backbone fine-tunes on a mix of label layouts and policy samples (see there why).
             layout = self.warm_start_layout(tokens, logits, labels)
-            stats["deployed_fraction"] = self.calibrate(logits, point, budget).mean()
+            stats["deployed_fraction"] = self.calibrate(logits, point, budget, tokens[-1].shape[1:3]).mean()
             stats["label_agreement"] = torch.stack(
                 [((lg > 0) == lab).float().mean() for lg, lab in zip(logits, labels, strict=True)]
             ).mean()
@@ -172,14 +179,15 @@ class StageTraining(Optimization):
         point = self.budget_sampler.draw(int(self.hparams.sampling_seed) * 1_000_003 + int(self.global_step))
         return point, points[point]
 
-    def calibrate(self, logits: Sequence[Tensor], point: int, budget: float) -> Tensor:
-        """Move the operating point of ``budget`` towards this batch's exact cut; the deployed fractions."""
+    def calibrate(self, logits: Sequence[Tensor], point: int, budget: float, finest: Sequence[int]) -> Tensor:
+        """Move the operating point of ``budget`` towards this batch's exact cut; the deployed fractions
+        (of the ``finest`` grid)."""
         logits = [lg.detach() for lg in logits]
         self.tokenizer.operating_points.update(
-            point, calibrate_threshold(logits, budget), self.mean_over_ranks
+            point, calibrate_threshold(logits, budget, finest=finest), self.mean_over_ranks
         )
         cut = self.tokenizer.operating_points.cuts[point]
-        return fraction_of([lg > cut for lg in logits])
+        return fraction_of([lg > cut for lg in logits], finest)
 
     @staticmethod
     def imitation_loss(logits: Sequence[Tensor], labels: Sequence[Tensor]) -> Tensor:
@@ -203,9 +211,12 @@ class StageTraining(Optimization):
         policy_opt.step()
         return imitation
 
-    def imitation_labels(self, images: Tensor, batch: Any, budget: float) -> list[Tensor]:
+    def imitation_labels(self, images: Tensor, targets: Any, batch: Any, budget: float) -> list[Tensor]:
         """The warm start's split labels at ``budget`` (``label_source``): from embedding differences
-        (the paper's), or the oracle's layout from the batch's annotations."""
+        (the paper's), the oracle's layout from the batch's annotations, or where the task loss of the
+        uniform layout is most sensitive (`loss_sensitivity`: no annotations needed)."""
+        if self.hparams.label_source == "sensitivity":
+            return sensitivity_labels(self.loss_sensitivity(images, targets), self.levels, budget)
         if self.hparams.label_source == "annotations":
             grid = self.levels.grid(self.levels.num - 1, tuple(images.shape[-2:]))
             cells = self.annotated_cells(batch, grid)
@@ -215,6 +226,20 @@ class StageTraining(Optimization):
                 )
             return annotation_labels(cells.to(images.device), self.levels, budget, self.generator)[0]
         return warm_start_labels(self.label_content(images), self.levels, budget)[0]
+
+    def loss_sensitivity(self, images: Tensor, targets: Any) -> Tensor:
+        """``(B, Hf, Wf)``: how strongly each image's task loss on the uniform layout responds to each
+        finest patch's embedding (the norm of its gradient), with the model as it is now: where detail
+        matters to the task, found without annotations. One more forward and backward of the uniform
+        layout; no weight gets a gradient from it."""
+        with torch.enable_grad():
+            tokens = [t.detach() for t in self.tokenizer.embed(images, self.backbone)[0]]
+            fine = tokens[-1].requires_grad_(True)
+            uniform = [t.new_ones(t.shape[:3]) for t in tokens[:-1]]
+            layout = self.tokenizer.tokenize(tokens, "scores", scores=uniform, threshold=0.0)
+            loss = self.per_image_loss(self.forward_layout(layout), targets).sum()
+            (grad,) = torch.autograd.grad(loss, fine)
+        return grad.float().norm(dim=-1)
 
     def label_content(self, images: Tensor) -> list[Tensor]:
         """The patch-content embeddings the imitation labels read (``label_target``): a frozen copy of
@@ -275,7 +300,7 @@ class StageTraining(Optimization):
             old_log_prob = [
                 policy.log_prob(lg, d) for lg, d in zip(rollouts.logits, rollouts.decisions, strict=True)
             ]
-        labels = self.imitation_labels(images, batch, budget) if cfg.imitation > 0 else None
+        labels = self.imitation_labels(images, targets, batch, budget) if cfg.imitation > 0 else None
         epochs_run = 0
         for epoch in range(cfg.epochs):
             logits = self.tokenizer.decision_logits(tokens, budget)
@@ -305,8 +330,8 @@ class StageTraining(Optimization):
         self.budget_sampler.update(point, task_loss.mean(), self.mean_over_ranks)
         with torch.no_grad():
             logits = self.tokenizer.decision_logits(tokens, budget)
-            at_half = fraction_of([lg > 0 for lg in logits])
-            deployed = self.calibrate(logits, point, budget)
+            at_half = fraction_of([lg > 0 for lg in logits], tokens[-1].shape[1:3])
+            deployed = self.calibrate(logits, point, budget, tokens[-1].shape[1:3])
         return {
             "loss": loss.detach(),
             "task_loss": task_loss.mean(),

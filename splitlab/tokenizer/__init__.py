@@ -26,6 +26,8 @@ from splitlab.tokenizer.labels import (
     annotation_labels,
     annotation_scores,
     embedding_difference_scores,
+    sensitivity_labels,
+    sensitivity_scores,
     warm_start_labels,
 )
 from splitlab.tokenizer.layout import TokenLayout
@@ -72,5 +74,7 @@ __all__ = [
     "level_thresholds",
     "patch_entropy",
     "random_split_rate",
+    "sensitivity_labels",
+    "sensitivity_scores",
     "warm_start_labels",
 ]

@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from splitlab.tokenizer.levels import Levels
@@ -37,23 +38,33 @@ BASELINES = ("uniform", "coarse", "random", "entropy", "entropy_single")
 GRAY = (0.2989, 0.5870, 0.1140)  # APT's grayscale weights
 
 
-def expected_random_fraction(rate: float, num_levels: int) -> float:
-    """Expected token fraction when every candidate splits independently with probability ``rate``."""
-    tokens = 1.0  # expected tokens of a finest-level patch
-    for _ in range(num_levels - 1):
-        tokens = (1.0 - rate) + rate * 4.0 * tokens
-    return tokens / 4.0 ** (num_levels - 1)
+def expected_random_fraction(rate: float, num_levels: int, finest: Sequence[int] | None = None) -> float:
+    """Expected token fraction when every candidate splits independently with probability ``rate``, on
+    a grid the coarsest level divides, or on the finest grid ``finest`` (clipped edge patches have
+    fewer children, so their split adds fewer tokens)."""
+    if finest is None:
+        tokens = 1.0  # expected tokens of a finest-level patch
+        for _ in range(num_levels - 1):
+            tokens = (1.0 - rate) + rate * 4.0 * tokens
+        return tokens / 4.0 ** (num_levels - 1)
+    rows, cols = int(finest[0]), int(finest[1])
+    expected = torch.ones(1, 1, rows, cols, dtype=torch.float64)  # each finest patch: one token
+    for _ in range(num_levels - 1):  # a patch: itself, or the sum over its children (those that exist)
+        children = F.avg_pool2d(expected, 2, ceil_mode=True, divisor_override=1)
+        expected = (1.0 - rate) + rate * children
+    return float(expected.sum()) / (rows * cols)
 
 
-def random_split_rate(target: float, levels: Levels) -> float:
-    """The split probability whose expected token fraction is ``target`` (bisection; monotone)."""
+def random_split_rate(target: float, levels: Levels, finest: Sequence[int] | None = None) -> float:
+    """The split probability whose expected token fraction is ``target`` (bisection; monotone), on a
+    grid the coarsest level divides or on the finest grid ``finest``."""
     levels.check_fraction(target)
     if levels.num == 1:
         return 1.0
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        if expected_random_fraction(mid, levels.num) < target:
+        if expected_random_fraction(mid, levels.num, finest) < target:
             lo = mid
         else:
             hi = mid
@@ -80,7 +91,8 @@ def patch_entropy(
         num_bins: histogram bins over the grayscale range ``[0, 256)`` of 8-bit pixels (APT: 512).
 
     Returns:
-        ``(B, H / patch, W / patch)`` entropies.
+        ``(B, ceil(H / patch), ceil(W / patch))`` entropies (a patch at the right or bottom edge that the
+        image cuts short: of the pixels it has).
     """
     x = images.float()
     if mean is not None and std is not None:
@@ -91,7 +103,7 @@ def patch_entropy(
     gray = x[:, 0] if x.shape[1] == 1 else sum(w * x[:, c] for c, w in enumerate(GRAY))
     bins = (gray * (num_bins / 256.0)).long().clamp(0, num_bins - 1)
     b, h, w = bins.shape
-    rows, cols = h // patch, w // patch
+    rows, cols = -(-h // patch), -(-w // patch)
     ys = torch.arange(h, device=x.device) // patch
     xs = torch.arange(w, device=x.device) // patch
     patch_id = (ys[:, None] * cols + xs[None, :]).expand(b, h, w)
@@ -109,8 +121,11 @@ def entropy_scores(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
 ) -> list[Tensor]:
-    """Pixel-entropy score of every non-finest patch (APT's split criterion)."""
+    """Pixel-entropy score of every non-finest patch (APT's split criterion), of the pixels under whole
+    finest patches (those the backbone reads)."""
     levels.check_image(images.shape[-2:])
+    rows, cols = levels.finest_grid(images.shape[-2:])
+    images = images[..., : rows * levels.finest, : cols * levels.finest]
     return [patch_entropy(images, levels.sizes[k], num_bins, mean, std) for k in range(levels.num - 1)]
 
 
@@ -143,8 +158,15 @@ def random_scores(
     ]
 
 
-def calibrate_threshold(scores: Sequence[Tensor], target: float, rounds: int = 2, points: int = 257) -> float:
-    """The threshold whose layouts ("split where score > t") have mean token fraction closest to ``target``.
+def calibrate_threshold(
+    scores: Sequence[Tensor],
+    target: float,
+    rounds: int = 2,
+    points: int = 257,
+    finest: Sequence[int] | None = None,
+) -> float:
+    """The threshold whose layouts ("split where score > t") have mean token fraction closest to ``target``
+    (of the ``finest`` grid: needed where the coarsest level does not divide it, see `fraction_of`).
 
     Fraction falls monotonically with the threshold, so a grid of quantiles of the scores is
     searched, then the gap around the best one, all candidates at once.
@@ -161,7 +183,7 @@ def calibrate_threshold(scores: Sequence[Tensor], target: float, rounds: int = 2
     best = candidates[0]
     for _ in range(rounds):
         candidates = candidates.unique()
-        fractions = fractions_at(scores, candidates).mean(-1)
+        fractions = fractions_at(scores, candidates, finest).mean(-1)
         error = (fractions - target).abs()
         i = int(error.argmin())
         best = candidates[i]
@@ -171,7 +193,7 @@ def calibrate_threshold(scores: Sequence[Tensor], target: float, rounds: int = 2
     return float(best)
 
 
-def level_thresholds(scores: Sequence[Tensor], target: float) -> Tensor:
+def level_thresholds(scores: Sequence[Tensor], target: float, finest: Sequence[int] | None = None) -> Tensor:
     """APT's fixed per-level thresholds: raw entropy cuts, one per level, that meet ``target`` on a
     calibration sample (``scores``: each level's entropies over the sample).
 
@@ -181,7 +203,7 @@ def level_thresholds(scores: Sequence[Tensor], target: float) -> Tensor:
     calibrated alone would get the target fraction whatever its content).
     """
     ranks = level_quantiles(scores)
-    share = calibrate_threshold(ranks, target)
+    share = calibrate_threshold(ranks, target, finest=finest)
     cuts = []
     for level, rank in zip(scores, ranks, strict=True):
         kept = level.float()[rank <= share]  # those the quantile cut leaves coarse
@@ -225,9 +247,10 @@ def cuts_from_thresholds(thresholds: Sequence[float], levels: Levels) -> Tensor:
     return torch.nextafter(values, torch.full_like(values, -math.inf))
 
 
-def layout_fraction(scores: Sequence[Tensor], cuts: Tensor) -> Tensor:
-    """Token fraction per image of splitting where each level's score exceeds its cut."""
-    return fraction_of([s.float() > c for s, c in zip(scores, cuts.to(scores[0].device), strict=True)])
+def layout_fraction(scores: Sequence[Tensor], cuts: Tensor, finest: Sequence[int] | None = None) -> Tensor:
+    """Token fraction per image (of the ``finest`` grid) of splitting where each level's score exceeds its cut."""
+    decisions = [s.float() > c for s, c in zip(scores, cuts.to(scores[0].device), strict=True)]
+    return fraction_of(decisions, finest)
 
 
 def share_cut(level: Tensor, share: float) -> Tensor:
@@ -237,7 +260,9 @@ def share_cut(level: Tensor, share: float) -> Tensor:
     return ordered[0] - 1.0 if whole == 0 else ordered[whole - 1]
 
 
-def solve_level_cut(scores: Sequence[Tensor], cuts: Tensor, level: int, target: float) -> Tensor:
+def solve_level_cut(
+    scores: Sequence[Tensor], cuts: Tensor, level: int, target: float, finest: Sequence[int] | None = None
+) -> Tensor:
     """``cuts`` with level ``level``'s cut the one whose mean fraction is closest to ``target``, the other
     levels' decisions held (`calibrate_threshold` over that level's scores alone)."""
     inf = torch.tensor(math.inf, device=scores[0].device)
@@ -246,12 +271,18 @@ def solve_level_cut(scores: Sequence[Tensor], cuts: Tensor, level: int, target: 
         for k, (s, c) in enumerate(zip(scores, cuts.to(inf.device), strict=True))
     ]
     solved = cuts.clone()
-    solved[level] = calibrate_threshold(held, target)
+    solved[level] = calibrate_threshold(held, target, finest=finest)
     return solved
 
 
 def share_range(
-    scores: Sequence[Tensor], cuts: Tensor, level: int, target: float, tolerance: float, steps: int = 30
+    scores: Sequence[Tensor],
+    cuts: Tensor,
+    level: int,
+    target: float,
+    tolerance: float,
+    steps: int = 30,
+    finest: Sequence[int] | None = None,
 ) -> tuple[float, float]:
     """The shares of ``level``'s patches that may split with the budget still reachable by the finest
     non-finest level (all of it split at the low end, none at the high end); bisection, as the
@@ -262,7 +293,7 @@ def share_range(
         trial = cuts.clone()
         trial[level] = share_cut(scores[level], share)
         trial[last] = solved
-        return float(layout_fraction(scores, trial).mean())
+        return float(layout_fraction(scores, trial, finest).mean())
 
     def boundary(ok: Callable[[float], bool], upward: bool) -> float:
         lo, hi = 0.0, 1.0  # ok(share) switches once along [0, 1]: the last share on its ok side
@@ -285,6 +316,7 @@ def search_level_cuts(
     evaluate: Callable[[list[Tensor]], Tensor],
     shares: int = 9,
     tolerance: float = FRACTION_TOLERANCE,
+    finest: Sequence[int] | None = None,
 ) -> tuple[Tensor, list[dict[str, float | list[float] | bool]]]:
     """APT's per-level cuts with the lowest task loss at ``target``, searched on a calibration sample.
 
@@ -302,33 +334,34 @@ def search_level_cuts(
             rank: reduce it before returning), one call per coordinate pass.
         shares: candidates per free level.
         tolerance: see ``FRACTION_TOLERANCE``.
+        finest: the finest grid (where the coarsest level does not divide it: `fraction_of`).
 
     Returns:
         The chosen cuts and one record per evaluated candidate (cuts, fraction, loss, whether it
         met the budget, whether it was chosen; the first is the same-quantile one).
     """
-    best = level_thresholds(scores, target)
+    best = level_thresholds(scores, target, finest)
     if len(scores) < 2:  # one non-finest level: the budget alone fixes its cut
         return best, []
-    reference = float(layout_fraction(scores, best).mean())
+    reference = float(layout_fraction(scores, best, finest).mean())
     slack = max(tolerance, abs(reference - target))
     ceiling = max(target + tolerance, reference)
     records: list[dict[str, float | list[float] | bool]] = []
     best_loss = math.inf
     for level in range(len(scores) - 1):
-        low, high = share_range(scores, best, level, target, tolerance)
+        low, high = share_range(scores, best, level, target, tolerance, finest=finest)
         candidates = [best] if not records else []
         for share in torch.linspace(low, high, shares).tolist() if low <= high else []:
             trial = best.clone()
             trial[level] = share_cut(scores[level], share)
-            trial = solve_level_cut(scores, trial, len(scores) - 1, target)
+            trial = solve_level_cut(scores, trial, len(scores) - 1, target, finest)
             if not any(torch.equal(trial, c) for c in candidates) and not torch.equal(trial, best):
                 candidates.append(trial)
         if not candidates:
             continue
         losses = evaluate(candidates).float().cpu()
         for cuts, loss in zip(candidates, losses.tolist(), strict=True):
-            fraction = float(layout_fraction(scores, cuts).mean())
+            fraction = float(layout_fraction(scores, cuts, finest).mean())
             met = abs(fraction - target) <= slack and fraction <= ceiling
             records.append(
                 {"cuts": cuts.tolist(), "fraction": fraction, "loss": loss, "met": met, "chosen": False}
@@ -366,6 +399,7 @@ def baseline_scores(
     batch, img_size, device = images.shape[0], tuple(images.shape[-2:]), images.device
     levels.check_image(img_size)
     shapes = grids_of(levels, batch, img_size)
+    finest = levels.finest_grid(img_size)
     if name == "uniform":
         return [torch.ones(s, device=device) for s in shapes], 0.0
     if name == "coarse":
@@ -373,7 +407,7 @@ def baseline_scores(
     if name == "random":
         if budget is None:
             raise ValueError("the random baseline needs a budget")
-        rate = random_split_rate(budget, levels)
+        rate = random_split_rate(budget, levels, finest if levels.clipped(finest) else None)
         return random_scores(levels, batch, img_size, device, generator), 1.0 - rate
     if name in ("entropy", "entropy_single"):
         scores = entropy_scores(images, levels, mean=mean, std=std)
@@ -382,6 +416,6 @@ def baseline_scores(
         if entropy_threshold is None:
             if budget is None:
                 raise ValueError("the entropy baseline needs a budget or an entropy_threshold")
-            entropy_threshold = calibrate_threshold(scores, levels.check_fraction(budget))
+            entropy_threshold = calibrate_threshold(scores, levels.check_fraction(budget), finest=finest)
         return scores, entropy_threshold
     raise ValueError(f"unknown baseline {name!r}; expected one of {BASELINES}")

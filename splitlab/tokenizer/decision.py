@@ -95,6 +95,7 @@ class SplitDecision(nn.Module):
         children: Tensor,
         budget: Tensor | None = None,
         descendants: Tensor | None = None,
+        key_mask: Tensor | None = None,
     ) -> Tensor:
         """Split logits from projected parents and children (`project`).
 
@@ -104,6 +105,8 @@ class SplitDecision(nn.Module):
             budget: ``(B,)`` token budget of each image (budget-conditioned modules only).
             descendants: ``(B, N, M, 2 * dim)`` keys and values of the finest patches under each
                 parent (modules built with ``see_descendants`` only; None for parents of finest patches).
+            key_mask: ``(N, keys)`` bool, which children (then descendants) exist: a clipped edge parent
+                has fewer (None: all do). The first child always exists.
         """
         if self.budget_conditioned and budget is None:
             raise ValueError(
@@ -122,6 +125,8 @@ class SplitDecision(nn.Module):
         kh = k.view(*k.shape[:-1], self.num_heads, self.head_dim)
         vh = v.view(*v.shape[:-1], self.num_heads, self.head_dim)
         attn = torch.einsum("...hd,...chd->...hc", qh, kh) * self.head_dim**-0.5
+        if key_mask is not None:
+            attn = attn.masked_fill(~key_mask[:, None, :], float("-inf"))
         summary = torch.einsum("...hc,...chd->...hd", attn.softmax(dim=-1), vh).reshape(query.shape)
         features = torch.cat([query, summary], dim=-1)
         if self.budget_film is not None:

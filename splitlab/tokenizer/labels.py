@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from splitlab.tokenizer.baselines import calibrate_threshold
-from splitlab.tokenizer.embed import space_to_depth
+from splitlab.tokenizer.embed import child_mask, space_to_depth
 from splitlab.tokenizer.levels import Levels
 from splitlab.tokenizer.quadtree import upsample2
 
@@ -36,7 +36,9 @@ def embedding_difference_scores(content: Sequence[Tensor]) -> list[Tensor]:
     scores = []
     for parent, child in zip(content[:-1], content[1:], strict=False):
         children = space_to_depth(child.float())  # (B, h, w, 4, D)
-        distance = (children - parent.float()[..., None, :]).norm(dim=-1).mean(-1)
+        distance = (children - parent.float()[..., None, :]).norm(dim=-1)
+        exists = child_mask(child.shape[1:3], child.device)  # a clipped parent's children that exist
+        distance = distance.mean(-1) if exists is None else (distance * exists).sum(-1) / exists.sum(-1)
         scores.append(distance / (parent.float().norm(dim=-1) + 1e-6))
     return scores
 
@@ -50,7 +52,7 @@ def warm_start_labels(content: Sequence[Tensor], levels: Levels, target: float) 
         per non-finest level ``(B, h_k, w_k)`` bool labels, and the threshold used.
     """
     scores = embedding_difference_scores(content)
-    threshold = calibrate_threshold(scores, levels.check_fraction(target))
+    threshold = calibrate_threshold(scores, levels.check_fraction(target), finest=content[-1].shape[1:3])
     return [s > threshold for s in scores], threshold
 
 
@@ -99,13 +101,39 @@ def annotation_scores(cells: Tensor, levels: Levels) -> list[Tensor]:
     scores, ceiling = [], None
     for k in range(levels.num - 1):
         side = levels.cells(k)
-        share = F.avg_pool2d(marked, side)[:, 0]
+        share = F.avg_pool2d(marked, side, ceil_mode=True)[:, 0]  # a clipped patch: of the cells it has
         score = torch.where(share > 0, 1.0 + share, torch.zeros_like(share))
         if ceiling is not None:
-            score = torch.minimum(score, upsample2(ceiling))
+            score = torch.minimum(score, upsample2(ceiling, score.shape[-2:]))
         scores.append(score)
         ceiling = score
     return scores
+
+
+def sensitivity_scores(saliency: Tensor, levels: Levels) -> list[Tensor]:
+    """How much the task loss hangs on a patch's detail, per non-finest level ``(B, h_k, w_k)``: the
+    largest ``saliency`` ``(B, Hf, Wf)`` (the uniform model's loss sensitivity per finest cell) under the
+    patch, a clipped patch's of the cells it has; a child never above its parent (one cut splits a
+    valid quadtree top-down)."""
+    sal = saliency.float()[:, None]
+    scores, ceiling = [], None
+    for k in range(levels.num - 1):
+        score = F.max_pool2d(sal, levels.cells(k), ceil_mode=True)[:, 0]
+        if ceiling is not None:
+            score = torch.minimum(score, upsample2(ceiling, score.shape[-2:]))
+        scores.append(score)
+        ceiling = score
+    return scores
+
+
+@torch.no_grad()
+def sensitivity_labels(saliency: Tensor, levels: Levels, target: float) -> list[Tensor]:
+    """Split labels that give fine tokens where the task loss is most sensitive (`sensitivity_scores`),
+    cut where the batch's mean token fraction meets ``target``: the warm start's target without
+    annotations (``label_source: sensitivity``), read off the model itself."""
+    scores = sensitivity_scores(saliency, levels)
+    cut = calibrate_threshold(scores, levels.check_fraction(target), finest=saliency.shape[-2:])
+    return [s > cut for s in scores]
 
 
 @torch.no_grad()
@@ -124,5 +152,5 @@ def annotation_labels(
     noisy = [
         s + 1e-3 * torch.rand(s.shape, generator=generator, device=s.device, dtype=s.dtype) for s in scores
     ]
-    cut = calibrate_threshold(noisy, levels.check_fraction(target))
+    cut = calibrate_threshold(noisy, levels.check_fraction(target), finest=cells.shape[-2:])
     return [s > cut for s in noisy], noisy

@@ -95,9 +95,9 @@ class TokenLayout:
         features = self.tokens if features is None else features
         if weighting == "token":
             weights = torch.ones_like(self.level, dtype=features.dtype)
-        elif weighting == "area":
-            side = (self.boxes[:, 2] - self.boxes[:, 0]).to(features.dtype)
-            weights = side * side
+        elif weighting == "area":  # cells covered (a clipped edge patch: fewer than its side squared)
+            width = (self.boxes[:, 2] - self.boxes[:, 0]).to(features.dtype)
+            weights = width * (self.boxes[:, 3] - self.boxes[:, 1]).to(features.dtype)
         else:
             raise ValueError(f"weighting={weighting!r}: expected 'token' or 'area'")
         total = features.new_zeros(self.batch_size, features.shape[1])

@@ -149,16 +149,20 @@ class OperatingPoints(nn.Module):
 
     @torch.no_grad()
     def fit_sample(
-        self, logits: Sequence[Sequence[Tensor]], reduce: Callable[[Tensor], Tensor] | None = None
+        self,
+        logits: Sequence[Sequence[Tensor]],
+        reduce: Callable[[Tensor], Tensor] | None = None,
+        finest: Sequence[int] | None = None,
     ) -> None:
         """Set every point (`fit`) and every budget between them from one calibration sample: ``logits[j]``
-        are the per-level logits over the sample at ``calibration_budgets()[j]``."""
+        are the per-level logits over the sample at ``calibration_budgets()[j]``; ``finest`` the finest
+        grid (needed where the coarsest level does not divide it: `splitlab.tokenizer.fraction_of`)."""
         points = len(self.budgets)
         for point in range(points):
-            self.fit(point, logits[point], reduce)
+            self.fit(point, logits[point], reduce, finest)
         for j, budget in enumerate(self.between_budgets().reshape(-1).tolist()):
             self.between_cuts.view(-1)[j] = self._reduced(
-                calibrate_threshold(logits[points + j], budget), reduce
+                calibrate_threshold(logits[points + j], budget, finest=finest), reduce
             )
         self.between_counts += 1
 
@@ -182,7 +186,11 @@ class OperatingPoints(nn.Module):
 
     @torch.no_grad()
     def record_spread(
-        self, point: int, logits: Sequence[Tensor], reduce: Callable[[Tensor], Tensor] | None = None
+        self,
+        point: int,
+        logits: Sequence[Tensor],
+        reduce: Callable[[Tensor], Tensor] | None = None,
+        finest: Sequence[int] | None = None,
     ) -> None:
         """Keep point ``point``'s spread: on a calibration sample (``logits`` per non-finest level,
         ``(N, h, w)``), each image's fraction at `SPREAD_CUTS` cuts, from "split everything" up to
@@ -193,7 +201,7 @@ class OperatingPoints(nn.Module):
             return
         where = torch.linspace(0, flat.numel() - 1, SPREAD_CUTS - 1, device=flat.device).round().long()
         grid = torch.cat([flat[:1] - 1.0, flat[where]])  # ascending: fractions fall along it
-        per_image = fractions_at(logits, grid)  # (cuts, N)
+        per_image = fractions_at(logits, grid, finest)  # (cuts, N)
         levels = (torch.arange(SPREAD_QUANTILES, device=flat.device) + 0.5) / SPREAD_QUANTILES
         spread = torch.quantile(per_image, levels, dim=1).T  # (cuts, quantiles)
         self.spread_cuts[point] = self._reduced(grid, reduce)
@@ -202,14 +210,18 @@ class OperatingPoints(nn.Module):
 
     @torch.no_grad()
     def fit(
-        self, point: int, logits: Sequence[Tensor], reduce: Callable[[Tensor], Tensor] | None = None
+        self,
+        point: int,
+        logits: Sequence[Tensor],
+        reduce: Callable[[Tensor], Tensor] | None = None,
+        finest: Sequence[int] | None = None,
     ) -> None:
         """Set point ``point`` from a whole calibration sample (``logits`` per non-finest level,
         ``(N, h, w)``): the cut whose layouts meet its budget on the sample, and the sample's spread,
         so that any cap given later meets it too. Training sets every point so before each
         validation; `splitlab.model.calibrate` on a user's own images."""
-        self.set(point, calibrate_threshold(logits, float(self.budgets[point])), reduce)
-        self.record_spread(point, logits, reduce)
+        self.set(point, calibrate_threshold(logits, float(self.budgets[point]), finest=finest), reduce)
+        self.record_spread(point, logits, reduce, finest)
 
     def capped_cuts(self, cap: float, exact: Tensor) -> Tensor:
         """Per point, the cut at which the calibration sample's layouts, each capped at ``cap``, meet

@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 import splitlab.tokenizer.policy as policy
 from splitlab.tokenizer.decision import SplitDecision
-from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed, space_to_depth
+from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed, child_mask, space_to_depth
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
 from splitlab.tokenizer.operating_points import OperatingPoints
@@ -21,15 +22,34 @@ Mode = Literal["sample", "threshold", "labels", "scores"]
 MODES = ("sample", "threshold", "labels", "scores")
 
 
-def finest_under(finest: Tensor, side: int) -> Tensor | None:
-    """``(B, h*w, side*side, D)``: the finest patches under each parent of ``side`` x ``side`` finest
-    cells, from the finest level ``(B, h*side, w*side, D)``; None when they are its children (``side`` 2)."""
+def finest_under(finest: Tensor, side: int) -> tuple[Tensor, Tensor | None] | None:
+    """The finest patches under each parent of ``side`` x ``side`` finest cells, from the finest level
+    ``(B, Hf, Wf, D)``: ``(B, h*w, side*side, D)`` and which of them exist ``(h*w, side*side)`` (None
+    where all do; a clipped parent's missing ones are zeros); None when they are its children (``side`` 2)."""
     if side <= 2:
         return None
     b, hf, wf, d = finest.shape
-    h, w = hf // side, wf // side
-    grouped = finest.view(b, h, side, w, side, d).permute(0, 1, 3, 2, 4, 5)
-    return grouped.reshape(b, h * w, side * side, d)
+    h, w = -(-hf // side), -(-wf // side)
+    mask = None
+    if (h * side, w * side) != (hf, wf):
+        finest = F.pad(finest, (0, 0, 0, w * side - wf, 0, h * side - hf))
+        exists = torch.zeros(h * side, w * side, dtype=torch.bool, device=finest.device)
+        exists[:hf, :wf] = True
+        mask = exists.view(h, side, w, side).permute(0, 2, 1, 3).reshape(h * w, side * side)
+    grouped = finest.reshape(b, h, side, w, side, d).permute(0, 1, 3, 2, 4, 5)
+    return grouped.reshape(b, h * w, side * side, d), mask
+
+
+def join_masks(parts: Sequence[tuple[int, int, Tensor | None]], dim: int) -> Tensor | None:
+    """Key masks ``(rows, keys)`` joined along ``dim`` (0: more parents, 1: more keys), each given as
+    ``(rows, keys, mask or None)`` where None means every key exists; None when every part is."""
+    given = [m for _, _, m in parts if m is not None]
+    if not given:
+        return None
+    full = [
+        torch.ones(r, k, dtype=torch.bool, device=given[0].device) if m is None else m for r, k, m in parts
+    ]
+    return torch.cat(full, dim)
 
 
 class SplitTokenizer(nn.Module):
@@ -103,20 +123,29 @@ class SplitTokenizer(nn.Module):
         queries, keys_values = self.decision.project(tokens)
         parents = [q.flatten(1, 2) for q in queries]
         children = [space_to_depth(kv).flatten(1, 2) for kv in keys_values]
+        masks = [child_mask(kv.shape[1:3], kv.device) for kv in keys_values]  # None: every child exists
+        masks = [None if m is None else m.flatten(0, 1) for m in masks]
         condition = (
             self.budget_of(budget, tokens[0].shape[0], tokens[0].device) if self.budget_conditioned else None
         )
         if not self.decision.sees_descendants:  # one call for every level: the keys are 4 children each
             if len(parents) == 1:  # two levels: nothing to join (a join copies)
-                chunks = [self.decision.decide(parents[0], children[0], condition)]
+                chunks = [self.decision.decide(parents[0], children[0], condition, key_mask=masks[0])]
             else:
-                logits = self.decision.decide(torch.cat(parents, 1), torch.cat(children, 1), condition)
+                mask = join_masks([(p.shape[1], 4, m) for p, m in zip(parents, masks, strict=True)], dim=0)
+                logits = self.decision.decide(
+                    torch.cat(parents, 1), torch.cat(children, 1), condition, key_mask=mask
+                )
                 chunks = logits.split([p.shape[1] for p in parents], 1)
         else:  # a level's parents cover 4^(levels below) finest patches: one call per level
-            chunks = [
-                self.decision.decide(p, c, condition, finest_under(keys_values[-1], self.levels.cells(k)))
-                for k, (p, c) in enumerate(zip(parents, children, strict=True))
-            ]
+            chunks = []
+            for k, (p, c, m) in enumerate(zip(parents, children, masks, strict=True)):
+                descendants, below = finest_under(keys_values[-1], self.levels.cells(k)) or (None, None)
+                parts = [(p.shape[1], 4, m)]
+                if descendants is not None:
+                    parts.append((p.shape[1], descendants.shape[2], below))
+                mask = join_masks(parts, dim=1)
+                chunks.append(self.decision.decide(p, c, condition, descendants, key_mask=mask))
         return [chunk.view(t.shape[:3]) for chunk, t in zip(chunks, tokens[:-1], strict=True)]
 
     def decide(
@@ -164,7 +193,7 @@ class SplitTokenizer(nn.Module):
             given = self._check_per_level("scores", scores, tokens)
             cut = 0.5 if threshold is None else threshold
             decisions = [s > cut for s in given]
-            return self._capped(decisions, given, max_tokens), None
+            return self._capped(decisions, given, max_tokens, tokens), None
         if logits is None:
             logits = self.decision_logits(tokens, budget)
         logits = list(logits)
@@ -183,7 +212,7 @@ class SplitTokenizer(nn.Module):
             decisions = [lg > cut for lg in logits]
         else:
             decisions = [d.bool() for d in self._check_per_level("labels", labels, tokens)]
-        return self._capped(decisions, logits, max_tokens), logits
+        return self._capped(decisions, logits, max_tokens, tokens), logits
 
     @staticmethod
     def cap_fraction(max_tokens: int, tokens: Sequence[Tensor]) -> float:
@@ -193,10 +222,13 @@ class SplitTokenizer(nn.Module):
         )
 
     @staticmethod
-    def _capped(decisions: list[Tensor], priority: Sequence[Tensor], max_tokens: int | None) -> list[Tensor]:
+    def _capped(
+        decisions: list[Tensor], priority: Sequence[Tensor], max_tokens: int | None, tokens: Sequence[Tensor]
+    ) -> list[Tensor]:
         if max_tokens is None:
             return decisions
-        return cap_splits(decisions, [p.detach() for p in priority], int(max_tokens))
+        finest = tuple(tokens[-1].shape[1:3])
+        return cap_splits(decisions, [p.detach() for p in priority], int(max_tokens), finest)
 
     def tokenize(self, tokens: Sequence[Tensor], mode: Mode = "threshold", **kwargs: Any) -> TokenLayout:
         """Decide (see `decide` for ``mode`` and its arguments), then walk: embeddings -> `TokenLayout`."""
@@ -211,7 +243,7 @@ class SplitTokenizer(nn.Module):
         """Tokenize a batch: embed -> decide -> walk.
 
         Args:
-            images: ``(B, C, H, W)``, H and W divisible by the coarsest level.
+            images: ``(B, C, H, W)`` (a grid the coarsest level does not divide gets clipped edge patches).
             source: the backbone whose patch and position embeddings are used.
             mode, **kwargs: see `decide`.
         """

@@ -130,20 +130,20 @@ def test_resampled_position_embedding_follows_the_weights_it_was_cached_from() -
     backbone = PackedViT("test_vit", img_size=64)
     pos = backbone.model.pos_embed
     with torch.inference_mode():
-        first = backbone.pos_embed_grid((2, 2))
-        assert backbone.pos_embed_grid((2, 2)) is first  # cached
+        first = backbone.pos_embed_level((4, 4), 2)
+        assert backbone.pos_embed_level((4, 4), 2) is first  # cached
     with torch.no_grad():
         pos.add_(1.0)  # as an optimizer step does, in place
     with torch.inference_mode():
-        updated = backbone.pos_embed_grid((2, 2))
+        updated = backbone.pos_embed_level((4, 4), 2)
     assert torch.allclose(updated, first + 1.0, atol=1e-5)  # bicubic weights sum to one
     backbone.load_state_dict({k: v.clone() * 0 for k, v in backbone.state_dict().items()})
     with torch.inference_mode():
-        assert backbone.pos_embed_grid((2, 2)).abs().max() == 0
+        assert backbone.pos_embed_level((4, 4), 2).abs().max() == 0
     backbone.double()
     with torch.inference_mode():
-        assert backbone.pos_embed_grid((2, 2)).dtype == torch.float64
-    grad_path = backbone.pos_embed_grid((2, 2))
+        assert backbone.pos_embed_level((4, 4), 2).dtype == torch.float64
+    grad_path = backbone.pos_embed_level((4, 4), 2)
     assert grad_path.requires_grad and grad_path.grad_fn is not None
 
 
@@ -199,12 +199,14 @@ def test_local_weights_replace_the_pretrained_download(tmp_path, monkeypatch) ->
 
 
 def test_non_vit_model_is_refused() -> None:
-    with pytest.raises(ValueError, match="model_name='resnet18' builds a timm ResNet"):
+    with pytest.raises(
+        ValueError, match="model_name='resnet18' builds a timm ResNet, which is not supported"
+    ):
         PackedViT("resnet18")
 
 
 def test_unsupported_attention_is_refused() -> None:
-    with pytest.raises(ValueError, match="attention type NoneType is not timm's Attention"):
+    with pytest.raises(ValueError, match="block type ParallelScalingBlock fuses attention with the MLP"):
         PackedViT(
             "vit_tiny_patch16_224", depth=1, block_fn=timm.models.vision_transformer.ParallelScalingBlock
         )

@@ -15,15 +15,42 @@ from splitlab.cli import lightning_main
 from splitlab.cli.links import INSTEAD, given_data_settings, model_input_size, refuse_linked_settings
 from tests.helpers import REPO, schedule_args, twin_configs
 
-RECIPES = sorted((REPO / "tasks").glob("*.yaml")) + sorted((REPO / "configs" / "ci").glob("*.yaml"))
+RECIPES = (
+    sorted((REPO / "tasks").glob("*.yaml"))
+    + sorted((REPO / "configs" / "ci").glob("*.yaml"))
+    + sorted((REPO / "configs" / "towers").glob("*.yaml"))
+)
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_recipe_states_the_image_size_and_classes_once(path: Path) -> None:
     assert given_data_settings(["--config", str(path)]) == []  # no data setting that the model's sets
     model = (yaml.safe_load(path.read_text()).get("model") or {}).get("init_args") or {}
-    if path.parent.name == "tasks":  # the paper-scale recipes: the model's input size is known
-        assert model_input_size(model["backbone"], model.get("backbone_kwargs")) in (336, 448, 640, 1024)
+    if path.parent.name in ("tasks", "towers"):  # the paper-scale recipes: the model's input size is known
+        assert model_input_size(model["backbone"], model.get("backbone_kwargs")) in (336, 384, 448, 640, 1024)
+
+
+def test_the_siglip_tower_overrides_the_vqa_recipe(tmp_path) -> None:
+    """configs/towers/siglip_so400m.yaml over tasks/vqav2.yaml: LLaVA-OneVision's tower, LM and
+    normalisation, the rest the recipe's (checked by the composed config, nothing downloaded)."""
+    import contextlib
+
+    out = tmp_path / "composed.yaml"
+    configs = [
+        "--config",
+        str(REPO / "tasks" / "vqav2.yaml"),
+        "--config",
+        str(REPO / "configs" / "towers" / "siglip_so400m.yaml"),
+    ]
+    with open(out, "w") as f, contextlib.redirect_stdout(f), pytest.raises(SystemExit):
+        lightning_main(["fit", *configs, "--print_config"])
+    composed = yaml.safe_load(out.read_text())
+    model, data = composed["model"]["init_args"], composed["data"]["init_args"]
+    assert model["backbone"] == "vit_so400m_patch14_siglip_384.webli" and "onevision" in model["lm"]
+    assert model["levels"] == [56, 28, 14] and model["feature_block"] == -2
+    assert data["mean"] == [0.5, 0.5, 0.5] and data["pad"] == "centre"
+    assert model_input_size(model["backbone"], model.get("backbone_kwargs")) == 384  # 27 x 27 patches of 14
+    assert composed["trainer"]["callbacks"][0]["class_path"] == "splitlab.callbacks.SplitSchedule"
 
 
 def test_the_input_size_comes_from_the_kwargs_or_the_timm_model() -> None:
@@ -32,8 +59,7 @@ def test_the_input_size_comes_from_the_kwargs_or_the_timm_model() -> None:
     assert model_input_size("vit_tiny_patch16_224", {"img_size": [64, 64]}) == 64
     with pytest.raises(ValueError, match="give model.init_args.backbone_kwargs.img_size"):
         model_input_size("not_a_timm_model", {})
-    with pytest.raises(ValueError, match=r"square images; give one side, e.g. img_size: 64"):
-        model_input_size("vit_tiny_patch16_224", {"img_size": [64, 96]})
+    assert model_input_size("vit_tiny_patch16_224", {"img_size": [64, 96]}) == [64, 96]  # classification
 
 
 @pytest.mark.parametrize("name", ["img_size", "num_classes"])

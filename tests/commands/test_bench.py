@@ -45,6 +45,24 @@ def test_bench_reports_every_key(tmp_path) -> None:
     ]  # a row per batch size
 
 
+@pytest.mark.parametrize(
+    ("model", "img_size", "grid"),
+    [("test_vit3", 108, 27), ("test_vit2", 148, 37)],
+    ids=["siglip-shaped-27x27", "dinov2-518-shaped-37x37"],
+)
+def test_bench_on_an_odd_grid_and_an_attention_pool(model, img_size, grid) -> None:
+    """SigLIP-so400m/14-384 and DINOv2-518 shapes (test_vit3: no class token, SigLIP's map pool;
+    test_vit2: mean pool) at 27 x 27 and 37 x 37 patches: bench calibrates and times them as any other."""
+    cfg = BenchConfig(
+        model=model, img_size=img_size, patch_size=4, levels=(16, 8, 4), batch_size=4, warmup=1, iters=1
+    )
+    result = run_bench(cfg)
+    assert result["tokens_uniform"] == grid * grid
+    assert result["token_fraction"] == pytest.approx(0.7, abs=0.05)
+    # fewer tokens, fewer FLOPs: at most the square of the fraction's inverse (attention's share)
+    assert result["speedup"] > 0 and 1.0 < result["ideal_speedup"] < 1.0 / 0.65**2
+
+
 def test_bench_times_the_predict_path_on_files(tmp_path) -> None:
     """``--predict``: decoding, preprocessing, model and results on files, SPLIT against the same
     loader with timm's model; both passes see every file."""
@@ -185,8 +203,8 @@ def test_bench_from_a_checkpoint(shapes_root, tmp_path) -> None:
             "model_name='vit_nonexistent_patch16' is not a timm model",
         ),
         (
-            BenchConfig(model="test_vit", img_size=96, levels=(64, 32, 16)),
-            "image size 96x96 is not divisible by the coarsest level",
+            BenchConfig(model="test_vit", img_size=96, levels=(64, 32, 8)),
+            "levels=(64, 32, 8): each level must be exactly half the previous one",
         ),
         (BenchConfig(model="test_vit", device="cuda"), "--device cuda: CUDA is not available"),
         (

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from tests.helpers import fit
 
@@ -193,3 +195,66 @@ def test_folders_and_hf_rows_read_files_as_predict_does(tmp_path) -> None:
                 assert torch.equal(dm.datasets["val"][i][0], predicted[i][1]), names[i]
         twin = "upright.jpg" if upright else "sideways.png"
         assert torch.equal(dm.datasets["val"][1][0], dm.preprocessing(Image.open(files[twin]))[0])
+
+
+def test_high_depth_dtype_reads_a_16bit_file_as_its_8bit_twin_in_training_and_predict(tmp_path) -> None:
+    """``data.high_depth: dtype``: a 16-bit file (values x257) trains, validates and predicts as its
+    8-bit twin; the model keeps the setting for predict; an unknown value names the setting."""
+    import warnings
+
+    import numpy as np
+    from PIL import Image
+
+    from splitlab.data import ImageClassificationData
+    from splitlab.model.images import ImageConversionWarning
+    from splitlab.model.predict import InputImages
+    from tests.model.user_images import picture
+
+    grey = (40 + picture().astype(np.float64) * 160 / 255).round().astype(np.uint8)
+    root = tmp_path / "folder"
+    for split in ("train", "val"):
+        for label in ("a", "b"):
+            (root / split / label).mkdir(parents=True)
+            Image.fromarray(grey).save(root / split / label / "8bit.png")
+            Image.fromarray(grey.astype(np.uint16) * 257).save(root / split / label / "16bit.png")
+    settings = {"img_size": 64, "crop_pct": 1.0, "num_workers": 0, "batch_size": 2, "augment": False}
+    dm = ImageClassificationData(root=str(root), high_depth="dtype", **settings)
+    dm.setup("fit")
+    assert dm.preprocessing.high_depth == "dtype"  # what the model keeps for predict
+    val = dm.datasets["val"]
+    paths = [path for path, _ in val.dataset.samples]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ImageConversionWarning)
+        items = [val[i][0] for i in range(len(paths))]
+        predicted = InputImages(paths, dm.preprocessing)
+        assert all(torch.equal(item, items[0]) for item in items)
+        assert all(torch.equal(predicted[i][1], items[0]) for i in range(len(paths)))
+    with pytest.raises(ValueError, match="data.init_args.high_depth='bits': expected 'range'"):
+        ImageClassificationData(root=str(root), high_depth="bits", **settings)
+
+
+@pytest.mark.parametrize("size", [64, (48, 64), (64, 40)], ids=["square", "wide", "tall"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_object_boxes_move_as_timms_transform_moves_the_pixels(size, training) -> None:
+    """A box drawn into an image, through timm's own transform (no augmentation), lands where
+    `centre_crop_box` puts it: square and non-square inputs, training's resize and evaluation's."""
+    from timm.data import create_transform
+
+    from splitlab.data.objects import centre_crop_box, eval_resize
+
+    shape = (size, size) if isinstance(size, int) else size
+    transform = create_transform(
+        input_size=(3, *shape), is_training=training, no_aug=True, crop_pct=0.875, interpolation="bilinear",
+        mean=(0, 0, 0), std=(1, 1, 1),
+    )  # fmt: skip
+    for width, height in [(100, 70), (70, 100), (90, 90)]:
+        pixels = np.zeros((height, width, 3), dtype=np.uint8)
+        pixels[20:50, 30:60] = 255  # the box (30, 20, 60, 50)
+        image = transform(Image.fromarray(pixels))[0]
+        ys, xs = (image > 0.5).nonzero(as_tuple=True)
+        seen = torch.tensor([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], dtype=torch.float32)
+        resize = shape if training else eval_resize(size, 0.875)  # as the data module's with_boxes
+        moved = centre_crop_box(
+            torch.tensor([30.0, 20.0, 60.0, 50.0]), width, height, resize, size, not training
+        )
+        assert (moved - seen).abs().max() <= 1.5, (width, height, moved, seen)

@@ -299,6 +299,46 @@ def test_a_llava_checkpoint_gives_its_language_model_and_projector(tmp_path) -> 
     )
 
 
+def test_a_llava_onevision_checkpoint_gives_its_qwen2_language_model_and_projector(tmp_path) -> None:
+    """The SigLIP recipe's LM (``tasks/vqav2_siglip.yaml``: LLaVA-OneVision) on a tiny one saved in the
+    Hugging Face format: a SigLIP tower (not kept: splitlab's timm SigLIP replaces it), a Qwen2 LM."""
+    from transformers import (
+        LlavaOnevisionConfig,
+        LlavaOnevisionForConditionalGeneration,
+        Qwen2Config,
+        SiglipVisionConfig,
+    )
+
+    torch.manual_seed(0)
+    vision = SiglipVisionConfig(
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    text = Qwen2Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        vocab_size=120,
+    )  # fmt: skip
+    config = LlavaOnevisionConfig(
+        vision_config=vision.to_dict(),
+        text_config=text.to_dict(),
+        image_token_index=118,
+        video_token_index=119,
+    )
+    onevision = LlavaOnevisionForConditionalGeneration(config).eval()
+    onevision.save_pretrained(tmp_path / "onevision")
+    language, projector = build_language_model(str(tmp_path / "onevision"))
+    ids = torch.randint(0, 117, (2, 7))
+    with torch.no_grad():
+        theirs = onevision(input_ids=ids).logits
+        assert torch.allclose(language.eval()(input_ids=ids).logits, theirs, atol=1e-5)
+    assert projector["0.weight"].shape == (32, 48)  # reads the 48-wide tower's features
+    assert torch.equal(projector["2.weight"], onevision.model.multi_modal_projector.linear_2.weight)
+
+
 def test_a_half_precision_checkpoint_loads_as_saved_or_in_float32_for_training(tmp_path) -> None:
     """LLaVA-1.5 is saved in float16: kept so when frozen (half the memory), float32 when it trains
     (AdamW on float16 weights turns zero-gradient entries into NaN)."""

@@ -4,6 +4,7 @@ predict says when the budget is missed."""
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 
@@ -16,6 +17,7 @@ from splitlab.commands import main
 from splitlab.data.generators.dense_scenes import render_scene
 from splitlab.model import load
 from splitlab.model.calibrate import calibrate
+from splitlab.model.predict import BUDGET_ERRORS, BUDGET_TOLERANCE, mean_and_error
 from tests.model.helpers import tiny_model
 
 PER_FOLDER = 160  # enough 64 px images that two folders' mean fractions agree within ~0.01
@@ -52,16 +54,25 @@ def test_calibrating_on_images_of_a_kind_meets_every_budget_on_held_out_ones(sce
     calibrate_on, held_out = scenes
     model = off_budget()
     with pytest.warns(
-        UserWarning, match=r"mean token fraction of these 160 image\(s\) is (1\.000|0\.9\d\d), for a budget"
+        UserWarning,
+        match=r"mean token fraction of these 160 image\(s\) is (1\.000|0\.9\d\d) ± 0\.\d{3} \(standard error\), for a "
+        r"budget of 0\.5: 0\.\d{3} off",
     ):
         assert mean_fraction(model, held_out) > 0.9
     done = calibrate(model, calibrate_on)
-    assert (done.images, done.budget) == (PER_FOLDER, 0.5) and done.before > 0.9
+    assert (done.images, done.budget, done.folds) == (PER_FOLDER, 0.5, 5) and done.before > 0.9
     assert done.after == pytest.approx(0.5, abs=0.03)
     for budget in (0.3, 0.5, 0.7):  # a budget-conditioned policy: every point re-fitted
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # met: nothing to say
-            assert mean_fraction(model, held_out, budget=budget) == pytest.approx(budget, abs=0.03)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            fractions = [r["token_fraction"] for r in model.predict(held_out, num_workers=0, budget=budget)]
+        mean, error = mean_and_error(fractions)
+        assert mean == pytest.approx(budget, abs=0.03)
+        missed = abs(mean - budget) > max(BUDGET_TOLERANCE, BUDGET_ERRORS * error)
+        assert bool(said) == missed, [str(w.message) for w in said]  # said only when missed, with the numbers
+        if budget == 0.5:  # what calibrate expected on new images of the kind is what they show
+            spread = math.hypot(done.expected_error, error)
+            assert abs(done.expected - mean) < 3 * spread, (done.expected, done.expected_error, mean, error)
     decisions = model.tokenizer.decision.mlp.fc2.weight.clone()
     assert torch.equal(decisions, off_budget().tokenizer.decision.mlp.fc2.weight)  # the policy is as it was
 
@@ -98,6 +109,7 @@ def test_the_command_writes_a_calibrated_model_that_predict_then_serves(scenes, 
     assert (
         stop.value.code == 0
         and f"calibrated on {PER_FOLDER} image(s): mean token fraction at budget 0.5" in said
+        and "on new images of this kind expect 0." in said
     )
     assert mean_fraction(load(tmp_path / "cut"), held_out) == pytest.approx(0.5, abs=0.03)
     with pytest.raises(SystemExit) as stop:  # the calibrated model is never written over

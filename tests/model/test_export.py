@@ -29,6 +29,35 @@ def test_the_static_path_equals_the_eager_one(task, max_fraction) -> None:
         assert max(layout.seqlens) <= int(max_fraction * 64)
 
 
+@pytest.mark.parametrize("max_fraction", [None, 0.75])
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("test_vit3", {"img_size": 108, "patch_size": 4}),  # SigLIP's shape: map pool, 27 x 27 patches
+        ("deit_tiny_distilled_patch16_224", {"img_size": (48, 64), "patch_size": 4, "depth": 2}),  # 12 x 16
+    ],
+    ids=["map-pool-27x27", "distilled-non-square"],
+)
+def test_the_static_path_of_clipped_grids_and_other_heads_equals_the_eager_one(
+    name, kwargs, max_fraction
+) -> None:
+    """Clipped edge patches, an attention pool and DeiT's two heads through the static-shape walk."""
+    import timm
+
+    torch.manual_seed(0)
+    vit = timm.create_model(name, num_classes=3, **kwargs).eval()
+    model = SplitModel.from_timm(vit, levels=[16, 8, 4], budget=0.7, decision_dim=16, decision_heads=2).eval()
+    torch.nn.init.normal_(model.tokenizer.decision.mlp.fc2.weight, std=1.0)
+    x = torch.randn(3, 3, *model.backbone.img_size)
+    with torch.no_grad():
+        eager, layout = model(x, max_fraction=max_fraction)
+        static, counts = StaticSplit(model, max_fraction=max_fraction).eval()(x)
+    assert (
+        counts.tolist() == layout.seqlens and min(layout.seqlens) < layout.grid_size[0] * layout.grid_size[1]
+    )
+    assert (static - eager).abs().max() < 1e-5
+
+
 def test_a_saved_program_runs_with_torch_alone(tmp_path) -> None:
     model = tiny_model("classification", max_fraction=0.5)
     x = images(5)

@@ -48,3 +48,33 @@ def test_a_model_built_with_other_arguments_is_refused_naming_backbone_kwargs() 
     assert model.config["backbone_kwargs"]["qkv_bias"] is False
     with pytest.raises(ValueError, match="needs a model built by timm.create_model"):
         SplitModel.from_timm(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("context", [torch.inference_mode, torch.no_grad], ids=["inference_mode", "no_grad"])
+def test_from_timm_anywhere(context, tmp_path) -> None:
+    """Built inside inference mode (the ViT too) the model still trains: its parameters are ordinary
+    tensors, and the resampled positions cache skips tensors without a version counter."""
+    with context():
+        source = vit()
+        model = SplitModel.from_timm(
+            source, levels=[32, 16, 8], budget=0.5, decision_dim=16, decision_heads=2
+        )
+        images = torch.randn(2, 3, 64, 64)
+        outputs, _ = model(images, policy="uniform")
+        assert torch.allclose(outputs, source(images), atol=1e-5)
+    assert not any(t.is_inference() for t in [*model.parameters(), *model.buffers()])
+    outputs, layout = model.train()(torch.randn(2, 3, 64, 64))
+    outputs.sum().backward()  # trains outside the context
+    assert model.backbone.model.blocks[0].attn.qkv.weight.grad is not None
+
+
+def test_eva02_from_timm_reads_its_fused_swiglu_and_rebuilds_exactly(tmp_path) -> None:
+    """EVA-02's fused SwiGLU doubles fc1 (mlp_ratio 5.33 read off its width did not fit its weights)."""
+    source = timm.create_model("eva02_small_patch14_224", img_size=112, depth=2, num_classes=3).eval()
+    model = SplitModel.from_timm(source, levels=[56, 28, 14]).eval()
+    assert "mlp_ratio" not in model.config["backbone_kwargs"]  # the architecture's own
+    images = torch.randn(2, 3, 112, 112)
+    with torch.no_grad():
+        assert torch.allclose(model(images, policy="uniform")[0], source(images), atol=1e-5)
+    narrow = timm.create_model("eva02_small_patch14_224", img_size=112, depth=2, num_classes=3, mlp_ratio=2.0)
+    assert SplitModel.from_timm(narrow, levels=[56, 28, 14]).config["backbone_kwargs"]["mlp_ratio"] == 2.0

@@ -76,6 +76,41 @@ def test_high_depth_images_are_scaled_by_their_own_range() -> None:
     assert pixels(decode_image(big_endian))[..., 0].ravel().tolist() == [0, 85, 170, 255]
 
 
+def test_an_8bit_file_and_its_16bit_twin_decode_alike_by_the_types_range(tmp_path, model) -> None:
+    """``high_depth: dtype`` reads a 16-bit file (values x257), a 12-bit one in a 16-bit TIFF that says
+    so (MaxSampleValue 4095) and floats in 0..1 as their 8-bit twin is read; the default, ``range``,
+    scales each by its own extremes (the twins then differ)."""
+    grey = (40 + picture().astype(np.float64) * 160 / 255).round().astype(np.uint8)  # 40..200: no 0, no 255
+    files = {
+        "8bit.png": grey,
+        "16bit.png": grey.astype(np.uint16) * 257,
+        "16bit.tif": grey.astype(np.uint16) * 257,
+    }
+    for name, values in files.items():
+        Image.fromarray(values).save(tmp_path / name)
+    twelve = np.round(grey.astype(np.float64) * 4095 / 255).astype(np.uint16)
+    Image.fromarray(twelve).save(tmp_path / "12bit.tif", tiffinfo={281: 4095})
+    Image.fromarray((grey / 255).astype(np.float32)).save(tmp_path / "float.tif")
+    names = [*files, "12bit.tif", "float.tif"]
+    prep = dataclasses.replace(model.preprocessing, high_depth="dtype")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ImageConversionWarning)
+        expected = pixels(decode_image(tmp_path / "8bit.png"))
+        for name in names:
+            decoded = decode_image(tmp_path / name, high_depth="dtype")
+            assert np.array_equal(pixels(decoded), expected), name
+            with Image.open(tmp_path / name) as opened:  # the network input too, through the preprocessing
+                assert torch.equal(prep(opened)[0], prep(Image.open(tmp_path / "8bit.png"))[0]), name
+        assert not np.array_equal(pixels(decode_image(tmp_path / "16bit.png")), expected)  # range: stretched
+        assert Preprocessing(64).high_depth == "range"  # the default
+        rows = model.predict([tmp_path / n for n in names], num_workers=0, high_depth="dtype")
+    assert all(r == rows[0] for r in rows)  # every twin: the 8-bit file's prediction
+    with pytest.raises(ValueError, match="high_depth='bits': expected 'range'"):
+        ImageDecoder(high_depth="bits")
+    with pytest.raises(ValueError, match="preprocessing high_depth='bits'"):
+        Preprocessing(64, high_depth="bits")
+
+
 def test_predictions_on_each_file_equal_those_on_the_8bit_upright_twin(files, model) -> None:
     names = ["upright.png", *LOSSLESS, "upright.jpg", "rotated.jpg", "sideways.png"]
     with warnings.catch_warnings():

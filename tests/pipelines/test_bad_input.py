@@ -75,8 +75,8 @@ SETTINGS = [
     ),
     ("--model.init_args.levels=[64,32,16]", "the finest level must equal the backbone's patch size (8)"),
     (
-        "--model.init_args.backbone_kwargs.img_size=72",
-        "image size 72x72 is not divisible by the coarsest level (32 px)",
+        "--model.init_args.levels=[32,16]",
+        "the finest level must equal the backbone's patch size (8)",
     ),
     ("--model.init_args.attn_backend=turbo", "attn_backend='turbo': expected 'auto' or one of"),
     ("--model.init_args.eval_baselines=[apt]", "eval_baselines=['apt']: unknown ['apt']"),
@@ -96,8 +96,8 @@ SETTINGS = [
     ("--model.init_args.max_fraction=0.3", "max_fraction=0.3 is below target_fraction=0.5"),
     ("--model.init_args.budgets=[0.3,1.2]", "budgets=[0.3, 1.2]: budgets are token fractions in (0, 1]"),
     (
-        "--model.init_args.backbone_kwargs.img_size=[64,96]",
-        "backbone_kwargs.img_size=[64, 96]: the data modules feed square images",
+        "--model.init_args.global_pool=map",
+        "global_pool='map': the backbone was built with global_pool='token' and timm cannot change it",
     ),
     (
         "--model.init_args.eval_budgets=[0.9]",
@@ -108,7 +108,7 @@ SETTINGS = [
         "target_fraction=0.8: this policy was trained for budgets [0.3, 0.7]",
     ),
     ("--model.init_args.decision_dim=15", "decision_dim=15 must be divisible by decision_heads=2"),
-    ("--model.init_args.global_pool=max", "global_pool='max': expected 'token' or 'avg'"),
+    ("--model.init_args.global_pool=gem", "global_pool='gem': expected one of ('token', 'avg'"),
     ("--model.init_args.target_fraction=abc", 'Parser key "target_fraction"'),
     (
         "--model.init_args.init_checkpoint=/no/such.ckpt",
@@ -322,6 +322,19 @@ def test_a_coco_file_that_is_not_a_coco_document(coco_root, tmp_path, capsys, te
         coco_args(root, tmp_path / "logs"),
         "instances_train2017.json: malformed COCO annotations",
         message,
+    )
+    assert untrained(tmp_path / "logs")
+
+
+def test_a_non_square_detection_input_is_refused_naming_the_models_setting(
+    coco_root, tmp_path, capsys
+) -> None:
+    """Classification takes a non-square input; the letterboxing readers pad to a square and say so."""
+    fails(
+        capsys,
+        coco_args(coco_root, tmp_path / "logs", "--model.init_args.backbone_kwargs.img_size=[128,96]"),
+        "model.init_args.backbone_kwargs.img_size=[128, 96]: a detection model letterboxes images into a square",
+        "(img_size: 128)",
     )
     assert untrained(tmp_path / "logs")
 

@@ -24,7 +24,7 @@ import pytest
 from splitlab.cli import lightning_main
 from splitlab.commands.demo import run_pipeline
 from splitlab.data.generators.vqa_scenes import SCENES
-from tests.helpers import TWO_CPU_RANKS, launch, one_point_curve, twin_configs
+from tests.helpers import TWO_CPU_RANKS, launch, one_point_curve, schedule_args, twin_configs
 
 KINDS = ("vqa_q_what_pattern", "vqa_q_what_color", "vqa_q_is_there", "vqa_q_how_many")
 
@@ -106,6 +106,61 @@ def test_predict_from_the_checkpoint_writes_the_answers_validation_scored(vqa_ru
     }
     score = sum(vqa_score(r["answer"], humans[r["question_id"]]) for r in results) / len(results)
     assert score == pytest.approx(record["policies"]["learned"]["metric"], abs=1e-4)
+
+
+def test_a_siglip_shaped_tower_trains_through_both_stages(tmp_path) -> None:
+    """The VQA twin once with a tiny SigLIP-shaped tower (configs/towers/siglip_so400m.yaml's shape: no
+    class token, an attention-pool head the LM never reads, and an odd patch grid, 27 x 27 here): warm
+    start and PPO run, the budget is met, and on the uniform layout the LM receives the tower's own
+    tokens of the chosen block, in timm's raster order."""
+    import torch
+
+    import splitlab
+    from splitlab.data import generate_vqa
+    from splitlab.data.generators.vqa_scenes import SCENES
+
+    scenes = {**SCENES["twin"], "train": 48, "val": 16}
+    root = generate_vqa(tmp_path / "data", seed=0, **scenes)
+    out = tmp_path / "run"
+    lightning_main(
+        [
+            "fit",
+            *twin_configs("vqa"),
+            f"--data.init_args.root={root}",
+            f"--model.init_args.tokenizer={root / 'vocab.json'}",
+            "--model.init_args.backbone=vit_base_patch16_siglip_224",
+            '--model.init_args.backbone_kwargs={"img_size": 54, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2}',
+            "--model.init_args.levels=[8,4,2]",
+            "--model.init_args.decision_dim=16",
+            "--model.init_args.decision_heads=2",
+            "--model.init_args.eval_baselines=[uniform]",
+            "--model.init_args.ppo.samples=2",
+            "--model.init_args.ppo.epochs=1",
+            "--data.init_args.batch_size=8",
+            *schedule_args(warm=1, rl=1),
+            f"--trainer.logger.init_args.save_dir={out}",
+            "--trainer.logger.init_args.name=",
+            "--trainer.logger.init_args.version=",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
+    record = json.loads((out / "summary.json").read_text())
+    assert record["trained_policy"] == "learned"  # PPO ran (a policy it never trained says imitation)
+    assert abs(record["policies"]["learned"]["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    model = splitlab.load(out).eval()
+    vit = model.backbone.model
+    assert (
+        vit.attn_pool is not None and vit.cls_token is None and tuple(vit.patch_embed.grid_size) == (27, 27)
+    )
+    images = torch.randn(2, 3, 54, 54)
+    with torch.no_grad():
+        visual, layout = model(images, policy="uniform")
+        block = model.backbone_indices()[0]
+        _, dense = vit.forward_intermediates(images, indices=[block], norm=False, output_fmt="NLC")
+        reference = model.head.projector(dense[0])
+    assert layout.seqlens == [729, 729]
+    for mine, theirs in zip(visual, reference, strict=True):
+        assert torch.allclose(mine, theirs, atol=1e-5)
 
 
 @pytest.mark.distributed

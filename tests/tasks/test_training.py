@@ -401,6 +401,26 @@ def test_more_imitation_steps_fit_the_labels_closer_and_leave_the_frozen_model_a
     assert any(not torch.equal(a[k], b[k]) for k in a if k.startswith("model.tokenizer.decision."))
 
 
+def test_sensitivity_labels_need_no_annotations(shapes_root, tmp_path) -> None:
+    """``label_source: sensitivity`` without objects.json: the warm start imitates where the uniform
+    layout's task loss responds most, PPO keeps those labels as its anchor, and the budget is met."""
+    fit(
+        shapes_root,
+        tmp_path,
+        *schedule_args(1, 1),
+        "--data.init_args.objects=null",
+        "--model.init_args.label_source=sensitivity",
+        "--model.init_args.ppo.imitation=1.0",
+        '--model.init_args.eval_baselines=["uniform"]',
+    )
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [r for r in rows if r.get("train/label_agreement")] and [
+        r for r in rows if r.get("train/ppo_epochs") and r.get("train/imitation")
+    ]
+    learned = json.loads((tmp_path / "summary.json").read_text())["policies"]["learned"]
+    assert abs(learned["token_fraction_mean"] - 0.5) <= 0.1  # 12 validation images of an epoch's policy
+
+
 def test_ppo_keeps_the_annotation_labels_as_an_anchor(shapes_root, tmp_path) -> None:
     """``label_source: annotations`` with the shapes' object boxes, and ``ppo.imitation``: PPO's updates
     also fit the oracle's labels (its BCE is logged), and the oracle row is in the summary."""

@@ -1,0 +1,99 @@
+"""The ``timm.create_model`` call that rebuilds a timm ViT a user already has.
+
+A saved SPLIT model names its timm architecture and the arguments that differ from it, and
+`splitlab.load` rebuilds the backbone from them before loading the weights. The arguments are read
+from the module (grid, widths, depth, heads, MLP hidden size) and checked against the architecture
+built on the meta device (no memory, no weights), so a model built with arguments splitlab does not
+read is refused naming the first weight that would not fit, not rebuilt wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import timm
+import torch
+from timm.layers import GluMlp
+from torch import nn
+
+
+def mlp_hidden(block: nn.Module) -> int | None:
+    """The hidden width of a timm block's MLP, as ``mlp_ratio`` sets it: ``fc1``'s width, half of it
+    for a fused GLU (EVA-02's SwiGLU), ``fc1_g``'s for an unfused one; None without an MLP."""
+    mlp = getattr(block, "mlp", None)
+    if mlp is None:
+        return None
+    if getattr(mlp, "fc1_g", None) is not None:
+        return int(mlp.fc1_g.out_features)
+    fc1 = getattr(mlp, "fc1", None)
+    if fc1 is None:
+        return None
+    return int(fc1.out_features) // 2 if isinstance(mlp, GluMlp) else int(fc1.out_features)
+
+
+def architecture(vit: nn.Module) -> str:
+    """The timm architecture name ``vit`` was built from (its ``pretrained_cfg``), or a one-line error."""
+    name = (getattr(vit, "pretrained_cfg", None) or {}).get("architecture")
+    if not name:
+        raise ValueError(f"from_timm needs a model built by timm.create_model, got a {type(vit).__name__}")
+    return str(name)
+
+
+def rebuild_kwargs(vit: nn.Module, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``timm.create_model`` arguments that rebuild ``vit``'s architecture with its sizes: image and
+    patch size, width, depth and heads always, the MLP ratio and the pooling where they are not the
+    architecture's, then ``given`` (what the user says it was built with) over them all.
+
+    Raises:
+        ValueError: the rebuilt model's weights would not have ``vit``'s shapes (naming the first).
+    """
+    name = architecture(vit)
+    block = vit.blocks[0]
+    size = tuple(int(s) for s in vit.patch_embed.img_size)
+    kwargs: dict[str, Any] = {
+        "img_size": list(size) if size[0] != size[1] else size[0],
+        "patch_size": int(vit.patch_embed.patch_size[0]),
+        "embed_dim": int(vit.embed_dim),
+        "depth": len(vit.blocks),
+        "num_heads": int(block.attn.num_heads),
+    }
+    kwargs.update(given or {})
+    built = _on_meta(name, kwargs)
+    pool = getattr(vit, "global_pool", None)
+    if (
+        pool is not None
+        and pool != getattr(built, "global_pool", pool)
+        and "global_pool" not in (given or {})
+    ):
+        kwargs["global_pool"] = pool  # it decides the head's modules too (fc_norm, an attention pool)
+        built = _on_meta(name, kwargs)
+    hidden = mlp_hidden(block)
+    if hidden is not None and "mlp_ratio" not in (given or {}) and mlp_hidden(built.blocks[0]) != hidden:
+        kwargs["mlp_ratio"] = hidden / int(vit.embed_dim)
+        built = _on_meta(name, kwargs)
+    mine = {k: tuple(v.shape) for k, v in built.state_dict().items() if not _head(k)}
+    theirs = {k: tuple(v.shape) for k, v in vit.state_dict().items() if not _head(k)}
+    if mine != theirs:
+        key = next(k for k in sorted(mine.keys() | theirs.keys()) if mine.get(k) != theirs.get(k))
+        raise ValueError(
+            f"from_timm: {name} rebuilt with {kwargs} does not take the given model's weights ({key}: "
+            f"{theirs.get(key, 'absent')} given, {mine.get(key, 'absent')} rebuilt): pass backbone_kwargs= "
+            "the timm.create_model arguments it was built with"
+        )
+    return kwargs
+
+
+def _head(key: str) -> bool:
+    """A classifier weight (rebuilt by the task's head settings, not by the architecture)."""
+    return key.startswith(("head.", "head_dist."))
+
+
+def _on_meta(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    """``timm.create_model(name, **kwargs)`` with no memory behind its weights (shapes only; built on the
+    CPU where an initialiser cannot run on the meta device)."""
+    try:
+        with torch.device("meta"):
+            return timm.create_model(name, pretrained=False, **kwargs)
+    except (NotImplementedError, RuntimeError):
+        with torch.inference_mode(False):
+            return timm.create_model(name, pretrained=False, **kwargs)
