@@ -1,8 +1,8 @@
 """Re-fit a trained model's operating points on a user's own images, without retraining.
 
 The deployed cut of each budget is calibrated on the training images (`OperatingPoints`); on images
-of another kind the same cut buys another fraction (measured: the demo model, budget 0.5, on 1,000
-real photographs: mean 0.867). The policy's logits still rank the patches of those images; only
+of another kind the same cut buys another fraction (measured on the demo model, budget 0.5, over the
+releases: 0.867 on real photographs once, 0.531 now; README). The policy's logits still rank the patches of those images; only
 where to cut them is learned from the training distribution. `calibrate` recomputes the cuts on
 the user's images: the logits are unchanged, only the cuts move (APT's per-level entropy cuts
 likewise), so the model meets its budget on images like those.

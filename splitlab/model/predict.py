@@ -236,7 +236,7 @@ def budget_note(
     `BUDGET_TOLERANCE` and by more than `BUDGET_ERRORS` standard errors (None otherwise: one image,
     or a few whose mean may be off by chance, say nothing). The deployed cut was calibrated on the
     training images; on images of another kind it buys another fraction (the demo model, budget 0.5,
-    on 1,000 real photos: 0.867). The uniform grid has no budget to miss."""
+    on real photographs: 0.531; README). The uniform grid has no budget to miss."""
     policy = model.check_policy(policy)
     budget = model.budget if budget is None else float(budget)
     if policy == "uniform" or not fractions:
