@@ -27,7 +27,9 @@ class PPOConfig:
             passes 1.5x this (None: always run ``epochs``).
         imitation: weight of the warm start's imitation loss kept in each policy update (0: PPO
             alone). Where the labels are the oracle's (annotations), an anchor the noisy reward
-            cannot walk the policy away from (docs/oracle.md).
+            cannot walk the policy away from; where they are estimated (embedding differences), a
+            pull toward labels the reward already beats (docs/oracle.md). None (the default): 1.0
+            with the oracle's labels, 0 with estimated ones (the task resolves it).
     """
 
     samples: int = 4
@@ -37,12 +39,12 @@ class PPOConfig:
     max_grad_norm: float = 1.0
     normalize: str = "decision"
     target_kl: float | None = None
-    imitation: float = 0.0
+    imitation: float | None = None
 
     def __post_init__(self) -> None:
         if self.normalize not in ("rollout", "decision"):
             raise ValueError(f"ppo.normalize={self.normalize!r}: expected 'rollout' or 'decision'")
-        if self.imitation < 0:
+        if self.imitation is not None and self.imitation < 0:
             raise ValueError(f"ppo.imitation={self.imitation}: a weight, at least 0")
         if self.samples < 1 or self.epochs < 1:
             raise ValueError(f"ppo.samples={self.samples}, ppo.epochs={self.epochs}: both must be at least 1")

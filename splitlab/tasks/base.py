@@ -129,10 +129,8 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
                 paper); false trains the decision module alone.
             label_target: the patch embedding the imitation labels read: ``initial`` (a frozen copy
                 as the warm start began) or ``live`` (the one being fine-tuned).
-            label_source: what the warm start imitates: ``embedding`` differences (the paper's),
-                ``annotations`` (the oracle's layout from the data's boxes or masks: `annotated_cells`)
-                or ``sensitivity`` (fine tokens where the task loss of the uniform layout responds most
-                to a patch: no annotations needed; one more forward and backward per step).
+            label_source: what the warm start imitates: ``embedding`` differences (the paper's) or
+                ``annotations`` (the oracle's layout from the data's boxes or masks: `annotated_cells`).
             grad_clip: gradient-norm clip of the task update.
             ppo: PPO settings.
             lambda_lr: integral step of the fraction controller.

@@ -19,13 +19,12 @@ from splitlab.tokenizer import (
     calibrate_threshold,
     fraction_of,
     policy,
-    sensitivity_labels,
     warm_start_labels,
 )
 
 Stage = Literal["dense", "warm_start", "ppo"]
 LABEL_TARGETS = ("initial", "live")
-LABEL_SOURCES = ("embedding", "annotations", "sensitivity")
+LABEL_SOURCES = ("embedding", "annotations")
 
 
 def check_warm_start(label_target: str, label_source: str, imitation_steps: int) -> None:
@@ -133,7 +132,7 @@ class StageTraining(Optimization):
         else:
             point, budget = self.step_budget()
             logits = self.tokenizer.decision_logits(tokens, budget)
-            labels = self.imitation_labels(images, targets, batch, budget)
+            labels = self.imitation_labels(images, batch, budget)
             imitation = self.imitation_loss(logits, labels)
             # The backbone fine-tunes on a mix of label layouts and policy samples (see there why).
             layout = self.warm_start_layout(tokens, logits, labels)
@@ -211,12 +210,18 @@ class StageTraining(Optimization):
         policy_opt.step()
         return imitation
 
-    def imitation_labels(self, images: Tensor, targets: Any, batch: Any, budget: float) -> list[Tensor]:
+    def anchor_weight(self) -> float:
+        """PPO's weight on the warm start's imitation loss (``ppo.imitation``); by default 1.0 where the
+        labels are the oracle's (``label_source: annotations``) and 0 where they are estimated: anchored to
+        embedding-difference labels the classification twin without annotations kept 0.878-0.885 top-1 at
+        half the tokens, unanchored 0.983-0.997 (uniform 0.995-1.0, 3 seeds; docs/oracle.md)."""
+        if self.ppo.imitation is not None:
+            return float(self.ppo.imitation)
+        return 1.0 if self.hparams.label_source == "annotations" else 0.0
+
+    def imitation_labels(self, images: Tensor, batch: Any, budget: float) -> list[Tensor]:
         """The warm start's split labels at ``budget`` (``label_source``): from embedding differences
-        (the paper's), the oracle's layout from the batch's annotations, or where the task loss of the
-        uniform layout is most sensitive (`loss_sensitivity`: no annotations needed)."""
-        if self.hparams.label_source == "sensitivity":
-            return sensitivity_labels(self.loss_sensitivity(images, targets), self.levels, budget)
+        (the paper's), or the oracle's layout from the batch's annotations."""
         if self.hparams.label_source == "annotations":
             grid = self.levels.grid(self.levels.num - 1, tuple(images.shape[-2:]))
             cells = self.annotated_cells(batch, grid)
@@ -226,20 +231,6 @@ class StageTraining(Optimization):
                 )
             return annotation_labels(cells.to(images.device), self.levels, budget, self.generator)[0]
         return warm_start_labels(self.label_content(images), self.levels, budget)[0]
-
-    def loss_sensitivity(self, images: Tensor, targets: Any) -> Tensor:
-        """``(B, Hf, Wf)``: how strongly each image's task loss on the uniform layout responds to each
-        finest patch's embedding (the norm of its gradient), with the model as it is now: where detail
-        matters to the task, found without annotations. One more forward and backward of the uniform
-        layout; no weight gets a gradient from it."""
-        with torch.enable_grad():
-            tokens = [t.detach() for t in self.tokenizer.embed(images, self.backbone)[0]]
-            fine = tokens[-1].requires_grad_(True)
-            uniform = [t.new_ones(t.shape[:3]) for t in tokens[:-1]]
-            layout = self.tokenizer.tokenize(tokens, "scores", scores=uniform, threshold=0.0)
-            loss = self.per_image_loss(self.forward_layout(layout), targets).sum()
-            (grad,) = torch.autograd.grad(loss, fine)
-        return grad.float().norm(dim=-1)
 
     def label_content(self, images: Tensor) -> list[Tensor]:
         """The patch-content embeddings the imitation labels read (``label_target``): a frozen copy of
@@ -300,7 +291,8 @@ class StageTraining(Optimization):
             old_log_prob = [
                 policy.log_prob(lg, d) for lg, d in zip(rollouts.logits, rollouts.decisions, strict=True)
             ]
-        labels = self.imitation_labels(images, targets, batch, budget) if cfg.imitation > 0 else None
+        anchor = self.anchor_weight()
+        labels = self.imitation_labels(images, batch, budget) if anchor > 0 else None
         epochs_run = 0
         for epoch in range(cfg.epochs):
             logits = self.tokenizer.decision_logits(tokens, budget)
@@ -318,7 +310,7 @@ class StageTraining(Optimization):
             if labels is not None:  # the warm start's labels as an anchor
                 imitation = self.imitation_loss(logits, labels)
                 ppo_stats["imitation"] = imitation.detach()
-                loss = loss + cfg.imitation * imitation
+                loss = loss + anchor * imitation
             if self.kl_stop(epoch, ppo_stats["approx_kl"]):
                 break
             policy_opt.zero_grad()

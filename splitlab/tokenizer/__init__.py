@@ -26,8 +26,6 @@ from splitlab.tokenizer.labels import (
     annotation_labels,
     annotation_scores,
     embedding_difference_scores,
-    sensitivity_labels,
-    sensitivity_scores,
     warm_start_labels,
 )
 from splitlab.tokenizer.layout import TokenLayout
@@ -74,7 +72,5 @@ __all__ = [
     "level_thresholds",
     "patch_entropy",
     "random_split_rate",
-    "sensitivity_labels",
-    "sensitivity_scores",
     "warm_start_labels",
 ]

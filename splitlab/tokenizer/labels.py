@@ -110,32 +110,6 @@ def annotation_scores(cells: Tensor, levels: Levels) -> list[Tensor]:
     return scores
 
 
-def sensitivity_scores(saliency: Tensor, levels: Levels) -> list[Tensor]:
-    """How much the task loss hangs on a patch's detail, per non-finest level ``(B, h_k, w_k)``: the
-    largest ``saliency`` ``(B, Hf, Wf)`` (the uniform model's loss sensitivity per finest cell) under the
-    patch, a clipped patch's of the cells it has; a child never above its parent (one cut splits a
-    valid quadtree top-down)."""
-    sal = saliency.float()[:, None]
-    scores, ceiling = [], None
-    for k in range(levels.num - 1):
-        score = F.max_pool2d(sal, levels.cells(k), ceil_mode=True)[:, 0]
-        if ceiling is not None:
-            score = torch.minimum(score, upsample2(ceiling, score.shape[-2:]))
-        scores.append(score)
-        ceiling = score
-    return scores
-
-
-@torch.no_grad()
-def sensitivity_labels(saliency: Tensor, levels: Levels, target: float) -> list[Tensor]:
-    """Split labels that give fine tokens where the task loss is most sensitive (`sensitivity_scores`),
-    cut where the batch's mean token fraction meets ``target``: the warm start's target without
-    annotations (``label_source: sensitivity``), read off the model itself."""
-    scores = sensitivity_scores(saliency, levels)
-    cut = calibrate_threshold(scores, levels.check_fraction(target), finest=saliency.shape[-2:])
-    return [s > cut for s in scores]
-
-
 @torch.no_grad()
 def annotation_labels(
     cells: Tensor, levels: Levels, target: float, generator: torch.Generator | None = None

@@ -12,8 +12,6 @@ from splitlab.tokenizer import (
     embedding_difference_scores,
     fraction_of,
     leaf_masks,
-    sensitivity_labels,
-    sensitivity_scores,
     warm_start_labels,
 )
 
@@ -75,24 +73,3 @@ def test_annotation_labels_meet_the_budget_and_put_every_marked_cell_at_the_fine
         share_marked = finest[cells].float().mean()
         share_background = finest[~cells].float().mean()
         assert share_marked > 3 * share_background
-
-
-def test_sensitivity_labels_split_where_the_loss_responds_first_and_meet_the_budget() -> None:
-    """A patch scores its most sensitive cell, a child never above its parent; the cut meets the budget
-    over the batch, on a grid the coarsest level divides and on a clipped one."""
-    levels = Levels.build((32, 16, 8))
-    for finest in [(8, 8), (7, 9)]:
-        saliency = torch.rand(6, *finest, generator=torch.Generator().manual_seed(0)) * 0.1
-        saliency[:, 1, 2] = 5.0  # one cell every image's loss hangs on
-        scores = sensitivity_scores(saliency, levels)
-        assert scores[0][:, 0, 0].min() == 5.0 and scores[1][:, 0, 1].min() == 5.0
-        assert (
-            scores[1]
-            <= scores[0]
-            .repeat_interleave(2, 1)
-            .repeat_interleave(2, 2)[:, : finest[0] // 2 + finest[0] % 2, : finest[1] // 2 + finest[1] % 2]
-            + 1e-6
-        ).all()
-        labels = sensitivity_labels(saliency, levels, 0.3)
-        assert labels[0][:, 0, 0].all() and labels[1][:, 0, 1].all()  # the sensitive cell gets finest tokens
-        assert float(fraction_of(labels, finest).mean()) == pytest.approx(0.3, abs=0.06)
