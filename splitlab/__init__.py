@@ -2,7 +2,7 @@
 
 ``splitlab.load(path)`` returns a trained `SplitModel` (a plain torch module) from a run folder, a
 checkpoint, a ``save_pretrained`` folder or a Hub id; it is imported on first use, so ``import
-splitlab`` stays light.
+splitlab`` stays light. The map of the package (rooms, data flow, import rules): docs/architecture.md.
 """
 
 from collections.abc import Sequence
@@ -15,9 +15,9 @@ __all__ = ["SplitModel", "__version__", "load"]
 def missing_run_callbacks(given: Sequence[Any], fitting: bool) -> list[Any]:
     """The callbacks every splitlab run needs that ``given`` lacks (`splitlab.callbacks.run`).
 
-    The package root wires callbacks/ into tasks/, which imports no callback (DESIGN.md): a
-    `SplitTask` asks here in ``configure_callbacks``, so that ``Trainer().fit(task, data)`` trains
-    what ``lightning fit`` trains.
+    The package root wires callbacks/ into tasks/, which imports no callback (the import rules of
+    docs/architecture.md): a `SplitTask` asks here in ``configure_callbacks``, so that
+    ``Trainer().fit(task, data)`` trains what ``lightning fit`` trains.
     """
     from splitlab.callbacks import missing_run_callbacks as missing
 

@@ -112,30 +112,3 @@ def add_file_reading(p: argparse.ArgumentParser) -> None:
         "--num-workers", type=int, default=min(4, max((os.cpu_count() or 1) - 1, 0)), help="decoding workers"
     )
     p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ...")
-
-
-class RenamedOption(argparse.Action):
-    """An option's old name, kept for one release: it stores what the new name stores and says the
-    new name (a FutureWarning, which the command line prints as one line)."""
-
-    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: object) -> None:
-        super().__init__(option_strings, dest, **kwargs)
-        self.new = new
-
-    def __call__(
-        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values, option_string=None
-    ):
-        from splitlab.deprecation import warn_renamed
-
-        # stacklevel 1: the warning is this option's (one line on the command line), not argparse's
-        warn_renamed(str(option_string), self.new, stacklevel=1)
-        setattr(namespace, self.dest, values)
-
-
-def add_renamed(
-    parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, new: str, old: str, **kwargs
-) -> None:
-    """``new`` as an option, and ``old`` (hidden from the help) as its warned alias."""
-    parser.add_argument(new, **kwargs)
-    alias = {k: v for k, v in kwargs.items() if k in ("type", "dest", "default")}
-    parser.add_argument(old, action=RenamedOption, new=new, help=argparse.SUPPRESS, **alias)

@@ -26,7 +26,6 @@ from torch import Tensor
 from splitlab.backbone import backbone_flops
 from splitlab.commands.allocator import keep_freed_memory, minor_page_faults
 from splitlab.commands.arguments import (
-    add_renamed,
     count,
     device_name,
     fraction,
@@ -401,10 +400,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--levels", type=positive_int, nargs="+", default=None, help="patch sizes coarse to fine")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--ckpt", default=None, help="a trained SPLIT checkpoint (its policy decides)")
-    add_renamed(
-        source,
+    source.add_argument(
         "--budget",
-        "--fraction",
         dest="fraction",
         type=fraction,
         default=None,

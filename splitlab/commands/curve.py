@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from splitlab.commands.arguments import add_renamed, fraction_list
+from splitlab.commands.arguments import fraction_list
 from splitlab.report import curve_record, plot_curve
 
 
@@ -24,10 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0],
     )
     p.add_argument("run_dir", help="what a fit leaves: config.yaml and checkpoints/last.ckpt")
-    add_renamed(
-        p,
+    p.add_argument(
         "--budgets",
-        "--fractions",
         dest="fractions",
         type=fraction_list,
         default=None,

@@ -19,8 +19,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
-from splitlab.deprecation import warn_renamed
-
 
 class SeededIndex(int):
     """A dataset index that carries the seed of its sample's random augmentation (see `SkipCorrupt`)."""
@@ -435,11 +433,3 @@ class BaseDataModule(LightningDataModule):
             pin_memory=torch.cuda.is_available(),
             collate_fn=SourcedCollate(type(self).collate_fn),
         )
-
-
-def __getattr__(name: str) -> Any:
-    """`SplitDataModule`, the old name of `BaseDataModule` ("split" is SPLIT's word), for one release."""
-    if name == "SplitDataModule":
-        warn_renamed("splitlab.data.common.SplitDataModule", "BaseDataModule")  # at the import
-        return BaseDataModule
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

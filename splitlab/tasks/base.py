@@ -18,7 +18,6 @@ from splitlab.model.base import DEPLOYS
 from splitlab.rl import BudgetSampler, FractionController, PPOConfig
 from splitlab.tasks.calibration import Calibration
 from splitlab.tasks.evaluation import PolicyEvaluation, check_baselines, slot
-from splitlab.tasks.renamed import adopt_renamed
 from splitlab.tasks.state import SamplingStream, TaskState
 from splitlab.tasks.training import Stage, StageTraining, check_warm_start
 from splitlab.tasks.transfer import check_policy, transferred_decision
@@ -46,10 +45,6 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     task_name = "task"
     metric_name = "metric"
     model_class: ClassVar[type[SplitModel]] = SplitModel
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        adopt_renamed(cls)  # a task written for the API's old names (`per_sample_loss`, ...)
 
     def __init__(
         self,

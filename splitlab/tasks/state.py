@@ -14,7 +14,6 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from splitlab.checkpoint import read_checkpoint, safe_checkpoint_globals
 from splitlab.lightning_private import attached_trainer
-from splitlab.model.load import legacy_key, upgrade_state_dict
 from splitlab.model.preprocess import Preprocessing
 
 __all__ = ["SamplingStream", "TaskState", "load_task", "read_checkpoint"]
@@ -159,7 +158,7 @@ class TaskState:
         and note when it carried such weights itself (then they are saved from now on)."""
         if not self._rebuilt_weights_loaded and self.rebuilt_keys() & set(state):
             self._rebuilt_weights_loaded = self.model.rebuilt_loaded = True
-        left_out = [legacy_key(k) for k in meta.get("rebuilt", []) if legacy_key(k) not in state]
+        left_out = [k for k in meta.get("rebuilt", []) if k not in state]
         if not left_out:
             return
         own = self.state_dict()
@@ -187,7 +186,7 @@ class TaskState:
             "model.apt_",
             "label_embedding.",
         )
-        weights = upgrade_state_dict(dict(saved.get("state_dict", saved)))
+        weights = saved.get("state_dict", saved)
         state = {k: v for k, v in weights.items() if not k.startswith(policy)}
         self._fill_rebuilt(state, saved.get("splitlab", {}), f"init_checkpoint={path!r}")
         own = self.state_dict()
@@ -240,8 +239,6 @@ class TaskState:
             checkpoint["splitlab"]["rebuilt"] = sorted(rebuilt)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if "state_dict" in checkpoint:  # written before `SplitModel`: its parts under model.
-            upgrade_state_dict(checkpoint["state_dict"])
         trained = checkpoint.get("state_dict", {}).get("model.tokenizer.operating_points.budgets")
         mine = self.tokenizer.operating_points.budgets
         if trained is not None and (
@@ -257,10 +254,6 @@ class TaskState:
         state = checkpoint.get("splitlab", {})
         if "state_dict" in checkpoint:
             self._fill_rebuilt(checkpoint["state_dict"], state, "the checkpoint")
-            for key in ("apt_cuts", "apt_fraction"):  # checkpoints older than APT's fixed cuts: not set
-                checkpoint["state_dict"].setdefault(f"model.{key}", getattr(self.model, key).clone())
-            for key, value in self.label_embedding.state_dict(prefix="label_embedding.").items():
-                checkpoint["state_dict"].setdefault(key, value.clone())  # older: taken at the next warm step
         saved = state.get("model", {})
         if saved.get("preprocessing"):  # a data module, when there is one, sets them again at setup
             self.model.preprocessing = Preprocessing.from_dict(saved["preprocessing"])
@@ -271,7 +264,7 @@ class TaskState:
         if "stage" in state:
             self.stage = state["stage"]
             self.sync_deployed()
-        states = state.get("generators", [state["generator"]] if "generator" in state else [])
+        states = state.get("generators", [])
         ranks = self.trainer.world_size if attached_trainer(self) is not None else 1
         if states and len(states) != ranks:
             rank_zero_warn(

@@ -134,26 +134,3 @@ class SplitDecision(nn.Module):
             scale, shift = self.budget_film(torch.cat([b, b.clamp(min=1e-3).log()], -1)).chunk(2, dim=-1)
             features = features * (1 + scale[:, None]) + shift[:, None]
         return self.mlp(features).squeeze(-1)
-
-    def forward(
-        self,
-        parent: Tensor,
-        children: Tensor,
-        budget: Tensor | None = None,
-        descendants: Tensor | None = None,
-    ) -> Tensor:
-        """Split logits from embeddings, for parents given with their children.
-
-        Args:
-            parent: ``(B, N, D)`` parent embeddings.
-            children: ``(B, N, 4, D)`` the parents' children embeddings.
-            budget: ``(B,)`` token budget of each image (budget-conditioned modules only).
-            descendants: ``(B, N, M, D)`` the finest-level patches under each parent, further keys
-                (modules built with ``see_descendants`` only; None for parents of finest patches).
-
-        Returns:
-            ``(B, N)`` logits; ``sigmoid`` gives p(split).
-        """
-        (query,), (kv,) = self.project([parent, children])
-        extra = None if descendants is None else self.key_value(self.norm(descendants.detach()))
-        return self.decide(query, kv, budget, extra)

@@ -34,9 +34,8 @@ class TokenLayout:
         decisions: per non-finest level, ``(B, h, w)`` bool split decisions (False where no decision
             was taken).
         candidates: per non-finest level, ``(B, h, w)`` bool: where a decision was taken.
-        logits: per non-finest level, ``(B, h, w)`` split logits of the decision module, if one ran.
-        log_prob: ``(B,)`` log-probability of the decisions taken under ``logits``.
-        entropy: ``(B,)`` summed Bernoulli entropy of the decisions taken.
+        logits: per non-finest level, ``(B, h, w)`` split logits of the decision module, if one ran
+            (`splitlab.tokenizer.policy` scores ``decisions`` under them).
     """
 
     tokens: Tensor
@@ -51,8 +50,6 @@ class TokenLayout:
     decisions: list[Tensor] = field(default_factory=list)
     candidates: list[Tensor] = field(default_factory=list)
     logits: list[Tensor] | None = None
-    log_prob: Tensor | None = None
-    entropy: Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -138,9 +135,6 @@ class TokenLayout:
         rows = self._rows(shifts, seqlens).to(device)  # the old row of every token kept
         cover = self.cover_index.index_select(0, index) - shifts.to(device).view(-1, 1, 1)
 
-        def per_image(x: Tensor | None) -> Tensor | None:
-            return None if x is None else x.index_select(0, index)
-
         return TokenLayout(
             tokens=self.tokens.index_select(0, rows),
             cu_seqlens=torch.tensor(
@@ -158,8 +152,6 @@ class TokenLayout:
             decisions=[d.index_select(0, index) for d in self.decisions],
             candidates=[c.index_select(0, index) for c in self.candidates],
             logits=None if self.logits is None else [lg.index_select(0, index) for lg in self.logits],
-            log_prob=per_image(self.log_prob),
-            entropy=per_image(self.entropy),
         )
 
     def rows_of(self, images: Sequence[int]) -> Tensor:

@@ -19,7 +19,6 @@ the cut whose capped layouts meet the budget (`capped_cuts`), with no data.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -242,14 +241,6 @@ class OperatingPoints(nn.Module):
         cut = (g_lo + w * (g_hi - g_lo)).squeeze(1)
         binds = ((m_lo < free.gather(1, lo) - 1e-6) | (m_hi < free.gather(1, hi) - 1e-6)).squeeze(1)
         return torch.where(binds, cut, exact)
-
-    def _load_from_state_dict(
-        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
-    ) -> None:
-        # weights saved before the spread (or the cuts between points) were kept
-        for name in ("spread_cuts", "spread", "spread_counts", "between_cuts", "between_counts"):
-            state_dict.setdefault(prefix + name, getattr(self, name).clone())
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _reduced(self, cut: float | Tensor, reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
         value = (

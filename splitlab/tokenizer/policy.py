@@ -30,16 +30,3 @@ def entropy(logits: Tensor) -> Tensor:
     """Elementwise entropy (nats) of ``Bernoulli(sigmoid(logits))``."""
     logits = logits.float()
     return F.binary_cross_entropy_with_logits(logits, torch.sigmoid(logits), reduction="none")
-
-
-def per_image_stats(
-    logits: Sequence[Tensor], decisions: Sequence[Tensor], candidates: Sequence[Tensor]
-) -> tuple[Tensor, Tensor]:
-    """Per-image log-probability and entropy of the decisions taken at candidate patches."""
-    total_lp = logits[0].new_zeros(logits[0].shape[0], dtype=torch.float32)
-    total_ent = torch.zeros_like(total_lp)
-    for logit, split, cand in zip(logits, decisions, candidates, strict=True):
-        mask = cand.float()
-        total_lp = total_lp + (log_prob(logit, split) * mask).flatten(1).sum(1)
-        total_ent = total_ent + (entropy(logit) * mask).flatten(1).sum(1)
-    return total_lp, total_ent

@@ -17,7 +17,6 @@ from torch import Tensor
 
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
-from splitlab.tokenizer.policy import per_image_stats
 
 
 def upsample2(mask: Tensor, shape: Sequence[int] | None = None) -> Tensor:
@@ -208,8 +207,7 @@ def build_layout(
         level_tokens: per level ``(B, h_k, w_k, D)`` token embeddings, coarse to fine.
         decisions: per non-finest level ``(B, h_k, w_k)`` bool split decisions.
         levels: the quadtree's patch sizes.
-        logits: per non-finest level split logits; when given, the layout carries the per-image
-            log-probability and entropy of ``decisions``.
+        logits: per non-finest level split logits, kept on the layout when given.
     """
     if len(level_tokens) != levels.num or len(decisions) != levels.num - 1:
         raise ValueError(
@@ -245,9 +243,6 @@ def build_layout(
 
     cover = cover_slots(keep, dest.view(batch, per_image), levels)
 
-    log_prob = entropy = None
-    if logits is not None:
-        log_prob, entropy = per_image_stats(logits, decisions, candidates)
     return TokenLayout(
         tokens=tokens,
         cu_seqlens=cu_seqlens,
@@ -261,6 +256,4 @@ def build_layout(
         decisions=[d & c for d, c in zip(decisions, candidates, strict=True)],
         candidates=candidates,
         logits=list(logits) if logits is not None else None,
-        log_prob=log_prob,
-        entropy=entropy,
     )

@@ -223,17 +223,22 @@ def test_bench_refusals(cfg, message) -> None:
 
 
 @pytest.mark.parametrize(
-    ("command", "old", "new"), [("bench", "--fraction", "--budget"), ("curve", "--fractions", "--budgets")]
+    ("command", "option", "dest", "given", "value"),
+    [
+        ("bench", "--budget", "fraction", "0.5", 0.5),
+        ("curve", "--budgets", "fractions", "0.3,0.5", [0.3, 0.5]),
+    ],
 )
-def test_the_old_flag_still_works_and_says_the_new_one(command, old, new) -> None:
+def test_the_budget_options_store_the_budget(command, option, dest, given, value) -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
     TOOLS[command].add_parser(parser.add_subparsers(dest="command"))
     head = [command, "run"] if command == "curve" else [command]
-    with pytest.warns(FutureWarning, match=f"{old} is now {new}: rename it"):
-        args = parser.parse_args([*head, old, "0.5"])
-    assert args == parser.parse_args([*head, new, "0.5"])
+    assert getattr(parser.parse_args(head), dest) is None  # unset: the command's own default
+    assert getattr(parser.parse_args([*head, option, given]), dest) == value
+    with pytest.raises(SystemExit):  # the names of before 0.1.0 (--fraction, --fractions) are gone
+        parser.parse_args([*head, option.replace("budget", "fraction"), given])
 
 
 def test_a_sweep_writes_one_row_per_batch_size_with_its_spread(tmp_path, capsys) -> None:

@@ -156,12 +156,3 @@ def test_padding_moves_boxes_with_their_image() -> None:
         padded, moved = PadTo(64, centre=centre)(image, boxes)
         assert padded.shape == (3, 64, 64) and moved.canvas_size == (64, 64)
         assert moved.tolist() == [[0, shift, 10, 10 + shift], [50, 30 + shift, 64, 40 + shift]]
-
-
-def test_the_old_base_name_still_imports_with_a_warning() -> None:
-    import splitlab.data.common as common
-
-    with pytest.warns(FutureWarning, match="BaseDataModule"):
-        assert common.SplitDataModule is BaseDataModule
-    with pytest.raises(AttributeError, match="NoSuchModule"):
-        common.NoSuchModule  # noqa: B018

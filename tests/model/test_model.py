@@ -184,50 +184,46 @@ def test_a_cap_below_the_budget_is_refused_alike_on_every_path() -> None:
 
 
 def test_a_checkpoint_of_a_task_loads_as_its_model(tmp_path) -> None:
-    """What `splitlab.load` reads from a training checkpoint: the model config it records, or, for a
-    checkpoint written before the model existed (keys at the task's top level, no config), its task
-    and data settings."""
+    """What `splitlab.load` reads from a training checkpoint: the model config it records; a
+    checkpoint that records none was not written by this splitlab version and is refused."""
     from splitlab.tasks import ClassificationTask
     from tests.tasks.test_per_image_loss import TINY
 
     task = ClassificationTask(num_classes=4, budgets=[0.3, 0.7], **TINY).eval()
     torch.nn.init.normal_(task.model.tokenizer.decision.mlp.fc2.weight, std=1.0)
-    task.model.names = ["a", "b", "c", "d"]
-    checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
-    task.on_save_checkpoint(checkpoint)
-    torch.save(checkpoint, tmp_path / "new.ckpt")
-    old = {
-        "state_dict": {k.removeprefix("model."): v for k, v in task.state_dict().items()},
-        "hyper_parameters": dict(task.hparams),
-        "datamodule_hyper_parameters": {
-            "img_size": 64,
-            "mean": [0.5] * 3,
-            "std": [0.25] * 3,
-            "crop_pct": 1.0,
-        },
-        "splitlab": {"task_class": "splitlab.tasks.classification.ClassificationTask", "stage": "ppo"},
-        "pytorch-lightning_version": "2.6.0",
-    }
-    torch.save(old, tmp_path / "old.ckpt")
+
+    def written(name: str, names: list[str]) -> dict:
+        task.model.names = names
+        checkpoint = {
+            "state_dict": task.state_dict(),
+            "hyper_parameters": dict(task.hparams),
+            "pytorch-lightning_version": "2.6.0",
+        }
+        task.on_save_checkpoint(checkpoint)
+        torch.save(checkpoint, tmp_path / name)
+        return checkpoint
+
+    written("older.ckpt", ["w", "x", "y", "z"])
+    checkpoint = written("new.ckpt", ["a", "b", "c", "d"])
     x = images()
     with torch.no_grad():
         expected, layout = task(x)
-        for name in ("new.ckpt", "old.ckpt"):
-            model = load(tmp_path / name)
-            out, again = model(x)
-            assert torch.equal(out, expected) and again.seqlens == layout.seqlens, name
-        resumed = ClassificationTask.load_from_checkpoint(tmp_path / "old.ckpt").eval()  # Lightning's way in
+        out, again = load(tmp_path / "new.ckpt")(x)
+        assert torch.equal(out, expected) and again.seqlens == layout.seqlens
+        resumed = ClassificationTask.load_from_checkpoint(tmp_path / "new.ckpt").eval()  # Lightning's way in
         assert torch.equal(resumed(x)[0], expected)
     assert load(tmp_path / "new.ckpt").names == ["a", "b", "c", "d"]
     run = tmp_path / "run" / "checkpoints"  # a run folder deploys its newest last*.ckpt
     run.mkdir(parents=True)
-    (run / "last.ckpt").write_bytes((tmp_path / "old.ckpt").read_bytes())
+    (run / "last.ckpt").write_bytes((tmp_path / "older.ckpt").read_bytes())
     (run / "last-v1.ckpt").write_bytes((tmp_path / "new.ckpt").read_bytes())
     os.utime(run / "last.ckpt", (1, 1))
     assert load(run.parent).names == ["a", "b", "c", "d"]
-    legacy = load(tmp_path / "old.ckpt")
-    assert legacy.preprocessing.mean == (0.5, 0.5, 0.5) and legacy.preprocessing.resize == "crop"
-    old["splitlab"]["task_class"] = "my.tasks.CustomTask"
-    torch.save(old, tmp_path / "custom.ckpt")
-    with pytest.raises(ValueError, match="does not record"):
-        load(tmp_path / "custom.ckpt")
+    del checkpoint["splitlab"]["model"]  # as written before the model recorded its config
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    with pytest.raises(ValueError) as refused:
+        load(tmp_path / "old.ckpt")
+    assert str(refused.value) == (
+        f"model={str(tmp_path / 'old.ckpt')!r} records no model config (splitlab.model): it was not written "
+        f"by this splitlab version ({splitlab.__version__})"
+    )

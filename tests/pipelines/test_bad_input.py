@@ -149,7 +149,7 @@ def test_a_bad_schedule_is_one_clear_message(shapes_root, tmp_path, capsys) -> N
 
 def test_an_init_checkpoint_of_another_model(shapes_root, tmp_path, capsys) -> None:
     other = tmp_path / "other.ckpt"
-    torch.save({"state_dict": {"backbone.model.nonsense": torch.zeros(3)}}, other)
+    torch.save({"state_dict": {"model.backbone.model.nonsense": torch.zeros(3)}}, other)
     fails(
         capsys,
         fit_args(shapes_root, tmp_path, f"--model.init_args.init_checkpoint={other}"),
@@ -159,7 +159,7 @@ def test_an_init_checkpoint_of_another_model(shapes_root, tmp_path, capsys) -> N
 
 def wide_checkpoint(path) -> str:
     """Same weights, other shapes (e.g. a dense stage with another width or ``lm``)."""
-    torch.save({"state_dict": {"backbone.model.cls_token": torch.zeros(1, 1, 48)}}, path)
+    torch.save({"state_dict": {"model.backbone.model.cls_token": torch.zeros(1, 1, 48)}}, path)
     return "was trained with other sizes: model.backbone.model.cls_token (1, 1, 48)"
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import warnings
 from pathlib import Path
 
 import pytest
@@ -81,24 +80,6 @@ def test_the_template_lists_what_a_task_overrides() -> None:
         assert f"`{name}`" in doc and callable(getattr(SplitTask, name))
     # 38 settings, one help line each: the template stays readable in one sitting
     assert Path(base.__file__).read_text().count("\n") <= 310
-
-
-def test_a_task_written_for_the_old_names_still_works_and_is_told_the_new_ones() -> None:
-    from splitlab.tasks import ClassificationTask
-
-    with pytest.warns(FutureWarning, match="per_sample_loss is now per_image_loss"):
-
-        class OldTask(ClassificationTask):
-            def per_sample_loss(self, outputs, targets):
-                return outputs.sum(-1)
-
-    assert OldTask.per_image_loss is OldTask.per_sample_loss
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a task on the new names hears nothing
-
-        class NewTask(ClassificationTask):
-            def per_image_loss(self, outputs, targets):
-                return outputs.sum(-1)
 
 
 def test_every_setting_of_a_task_has_its_help_line() -> None:

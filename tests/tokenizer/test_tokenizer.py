@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 
-from splitlab.tokenizer import SplitTokenizer
+from splitlab.tokenizer import SplitTokenizer, policy
 
 
 def images(n: int = 3, size: int = 64) -> torch.Tensor:
@@ -36,11 +36,15 @@ def test_labels_mode_reproduces_the_given_decisions(tiny_vit, tiny_tokenizer) ->
 
 
 def test_sample_log_prob_is_the_bernoulli_likelihood(tiny_vit, tiny_tokenizer) -> None:
+    """`policy.log_prob` and `policy.entropy` on a sampled layout's logits and decisions, summed over
+    its candidates, are each image's Bernoulli log-likelihood and entropy."""
     x = images(5)
     with torch.no_grad():
         layout = tiny_tokenizer(x, tiny_vit, mode="sample", generator=torch.Generator().manual_seed(3))
     expected_lp = torch.zeros(5, dtype=torch.float64)
     expected_ent = torch.zeros(5, dtype=torch.float64)
+    got_lp = torch.zeros(5, dtype=torch.float64)
+    got_ent = torch.zeros(5, dtype=torch.float64)
     for taken, cand, logit in zip(layout.decisions, layout.candidates, layout.logits, strict=True):
         p = torch.sigmoid(logit.double())
         for img in range(5):
@@ -48,8 +52,10 @@ def test_sample_log_prob_is_the_bernoulli_likelihood(tiny_vit, tiny_tokenizer) -
                 pi = p[img, y, xx]
                 expected_lp[img] += torch.log(pi if taken[img, y, xx] else 1 - pi)
                 expected_ent[img] -= pi * torch.log(pi) + (1 - pi) * torch.log(1 - pi)
-    assert torch.allclose(layout.log_prob.double(), expected_lp, atol=1e-5)
-    assert torch.allclose(layout.entropy.double(), expected_ent, atol=1e-5)
+        got_lp += (policy.log_prob(logit, taken) * cand).flatten(1).sum(1).double()
+        got_ent += (policy.entropy(logit) * cand).flatten(1).sum(1).double()
+    assert torch.allclose(got_lp, expected_lp, atol=1e-5)
+    assert torch.allclose(got_ent, expected_ent, atol=1e-5)
 
 
 def test_sampling_follows_p_split(tiny_vit) -> None:
@@ -66,7 +72,7 @@ def test_scores_mode_skips_the_policy(tiny_vit, tiny_tokenizer) -> None:
     scores = [torch.full((2, 1, 1), 5.0), torch.tensor([[[1.0, 9.0], [9.0, 1.0]]] * 2)]
     with torch.no_grad():
         layout = tiny_tokenizer(images(2), tiny_vit, mode="scores", scores=scores, threshold=4.0)
-    assert layout.logits is None and layout.log_prob is None
+    assert layout.logits is None
     assert layout.seqlens == [2 + 2 * 4] * 2
 
 
@@ -118,7 +124,8 @@ def test_decision_module_is_a_small_fraction_of_a_block() -> None:
 @pytest.mark.parametrize("budgets", [(), (0.3, 0.7)])
 def test_decision_logits_equal_the_module_on_each_parent_and_its_patches(see_descendants, budgets) -> None:
     """decision_logits projects each level once and groups afterwards (cheaper); the logits must be
-    the module's own on each parent with its children's (and descendants') embeddings."""
+    the module's own (`project`, then `decide`) on each parent with its children's (and
+    descendants') embeddings."""
     from splitlab.tokenizer.embed import space_to_depth
     from splitlab.tokenizer.tokenizer import finest_under
 
@@ -139,5 +146,7 @@ def test_decision_logits_equal_the_module_on_each_parent_and_its_patches(see_des
             children = space_to_depth(tokens[k + 1]).flatten(1, 2)
             under = finest_under(tokens[-1], tok.levels.cells(k)) if see_descendants else None
             below = None if under is None else under[0]
-            expected = tok.decision(parent, children, budget, below).view(tokens[k].shape[:3])
+            (query,), (kv,) = tok.decision.project([parent, children])
+            extra = None if below is None else tok.decision.project([parent, below])[1][0]
+            expected = tok.decision.decide(query, kv, budget, extra).view(tokens[k].shape[:3])
             torch.testing.assert_close(got[k], expected, rtol=1e-5, atol=1e-5)
