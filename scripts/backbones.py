@@ -66,7 +66,9 @@ def main() -> None:
         )
         shown = name + (f" ({', '.join(f'{k}={v}' for k, v in kwargs.items())})" if kwargs else "")
         grid = f"{found.grid[0]} x {found.grid[1]}" if found.grid != (0, 0) else "-"
-        if found.status == "refused":
+        if found.status == "unavailable":
+            result = found.detail
+        elif found.status == "refused":
             result = f"refused: {found.detail.split(': ', 1)[-1]}"
         else:
             result = f"**{found.status}** (max difference: {found.detail})"

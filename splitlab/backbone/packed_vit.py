@@ -90,10 +90,10 @@ class PackedAttentionRope(PackedRotary, AttentionRope):
     def packed_qkv(self, x: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
         """``(rows, heads, head_dim)`` queries, and keys and values of the key-value heads."""
         if self.qkv is not None:
-            return self.qkv(x).view(rows, 3, self.num_heads, self.head_dim).unbind(1)
-        q = self.q_proj(x).view(rows, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(rows, self.num_kv_heads, self.head_dim)
-        return q, k, self.v_proj(x).view(rows, self.num_kv_heads, self.head_dim)
+            return self.qkv(x).view(rows, 3, self.num_heads, -1).unbind(1)
+        kv_heads = getattr(self, "num_kv_heads", self.num_heads)  # grouped-query heads (timm >= 1.0.2x)
+        q = self.q_proj(x).view(rows, self.num_heads, -1)
+        return q, self.k_proj(x).view(rows, kv_heads, -1), self.v_proj(x).view(rows, kv_heads, -1)
 
 
 def attend_and_project(
@@ -188,6 +188,8 @@ def create_vit(model_name: str, pretrained: bool = False, checkpoint_path: str =
         )
     if pretrained and checkpoint_path:
         overlay = {**kwargs.pop("pretrained_cfg_overlay", {}), "file": checkpoint_path, "source": ""}
+        if not checkpoint_path.endswith(".npz"):  # a torch / safetensors file, not the JAX weights' loader
+            overlay["custom_load"] = False
         return timm.create_model(model_name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
     try:
         return timm.create_model(model_name, pretrained=pretrained, checkpoint_path=checkpoint_path, **kwargs)

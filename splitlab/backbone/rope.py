@@ -18,12 +18,8 @@ import math
 from collections.abc import Callable
 
 import torch
+from timm.layers.pos_embed_sincos import freq_bands, pixel_freq_bands
 from torch import Tensor, nn
-
-try:  # timm's grid builder and per-frequency layout (timm >= 1.0.20)
-    from timm.layers.pos_embed_sincos import _build_grid, _rope_layout, get_mixed_freqs, get_mixed_grid
-except ImportError:  # pragma: no cover - an older or newer timm: every RoPE model is refused by name
-    _build_grid = _rope_layout = get_mixed_freqs = get_mixed_grid = None
 
 TOLERANCE = 1e-4  # the table check: float32 sin/cos of the same angles agree far below this
 
@@ -56,10 +52,6 @@ class PackedRope:
         if rope is None:
             return None
         kind = type(rope).__name__
-        if _build_grid is None:
-            raise ValueError(
-                f"model_name={name!r}: this timm has no RoPE grid builder splitlab can read ({kind})"
-            )
         adapter = _ADAPTERS.get(kind)
         if adapter is None:
             raise ValueError(
@@ -95,10 +87,18 @@ class PackedRope:
         rows, cols = grid
         ys, xs = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
         boxes = torch.stack([xs, ys, xs + 1, ys + 1], -1).reshape(-1, 4)
-        with torch.no_grad():
-            mine = self.at(boxes, grid)
-            theirs = _own_table(self.rope, grid)
-        if theirs is None or theirs.shape != mine.shape or (theirs.float() - mine).abs().max() > TOLERANCE:
+        try:
+            with torch.no_grad():
+                mine = self.at(boxes, grid)
+                theirs = _own_table(self.rope, grid)
+        except (AttributeError, RuntimeError, TypeError, ValueError):  # a module this adapter does not know
+            theirs = mine = None
+        if (
+            theirs is None
+            or mine is None
+            or theirs.shape != mine.shape
+            or (theirs.float() - mine).abs().max() > TOLERANCE
+        ):
             raise ValueError(
                 f"model_name={name!r}: its rotary embedding ({type(self.rope).__name__}, this configuration) "
                 "is not reproduced at token positions, so it is not supported on packed sequences"
@@ -120,42 +120,83 @@ def _own_table(rope: nn.Module, grid: tuple[int, int]) -> Tensor | None:
         rope.train(training)
 
 
+def cell_grid(
+    shape: tuple[int, int],
+    grid_type: str = "index",
+    ref_feat_shape: tuple[int, int] | None = None,
+    grid_offset: float = 0.0,
+    grid_indexing: str = "ij",
+    normalize_coords: str = "separate",
+) -> Tensor:
+    """``(H, W, 2)`` the coordinates timm's RoPE modules give the cells of a ``shape`` grid: ``index``
+    (``i + offset``), ``pixel`` (``-1 .. 1``) or ``centered`` (DINOv3's ``(i + 0.5 + offset) / size``
+    mapped to ``-1 .. 1``), rescaled to ``ref_feat_shape`` as EVA does; the channels in ``xy`` order for
+    ``grid_indexing='xy'``. Written here, not imported, so that the check against each module's own
+    table (`PackedRope.check`) holds across timm versions."""
+    sizes = list(shape)
+    ref = None if ref_feat_shape is None else list(ref_feat_shape)
+    if grid_indexing == "xy":
+        sizes = sizes[::-1]
+        ref = None if ref is None else ref[::-1]
+    if grid_type == "pixel":
+        axes = [torch.linspace(-1.0, 1.0, steps=n) for n in sizes]
+    elif grid_type == "centered":
+        denom = {"max": [float(max(sizes))] * 2, "min": [float(min(sizes))] * 2}.get(normalize_coords)
+        denom = denom or [float(n) for n in sizes]
+        axes = [(torch.arange(0.5, n) + grid_offset) / d for n, d in zip(sizes, denom, strict=True)]
+    else:
+        axes = [torch.arange(n).float() + grid_offset for n in sizes]
+    if ref is not None:
+        axes = [t / n * r for t, n, r in zip(axes, sizes, ref, strict=True)]
+    grid = torch.stack(torch.meshgrid(axes, indexing=grid_indexing), -1)
+    return 2.0 * grid - 1.0 if grid_type == "centered" else grid
+
+
+def _layout(x: Tensor, rotate_half: bool) -> Tensor:
+    """Per-frequency values ``(..., F)`` in timm's rotation layout: halves, or interleaved pairs."""
+    return torch.cat([x, x], -1) if rotate_half else x.repeat_interleave(2, -1)
+
+
 def _sincos(angles: Tensor, rotate_half: bool) -> Tensor:
     """``(..., F)`` angles -> ``(..., 4F)``: sin then cos, each in the module's rotation layout."""
-    return torch.cat([_rope_layout(angles.sin(), rotate_half), _rope_layout(angles.cos(), rotate_half)], -1)
+    return torch.cat([_layout(angles.sin(), rotate_half), _layout(angles.cos(), rotate_half)], -1)
 
 
 def _cat(rope: nn.Module, model: nn.Module) -> PackedRope:
     """`RotaryEmbeddingCat` (EVA-02, the RoPE ViTs, Perception Encoder): coordinate times band."""
 
+    in_pixels = getattr(rope, "in_pixels", False)
+    bands = getattr(rope, "bands", None)
+    if bands is None:  # timm before 1.0.2x kept only the cached table: its frequencies, as it built them
+        count = rope.dim // 4
+        if in_pixels:
+            bands = pixel_freq_bands(count, float(rope.max_res), linear_bands=rope.linear_bands)
+        else:
+            bands = freq_bands(count, temperature=float(rope.temperature), step=1)
+    bands = bands.float()
+
     def coords(grid: tuple[int, int]) -> Tensor:
-        return _build_grid(
-            list(grid),
-            grid_type=rope.grid_type,
-            ref_feat_shape=rope.ref_feat_shape,
-            grid_offset=rope.grid_offset,
-            grid_indexing=rope.grid_indexing,
-            normalize_coords=rope.normalize_coords,
+        return cell_grid(
+            grid,
+            getattr(rope, "grid_type", None) or ("pixel" if in_pixels else "index"),
+            rope.ref_feat_shape,
+            getattr(rope, "grid_offset", 0.0),
+            getattr(rope, "grid_indexing", "ij"),
+            getattr(rope, "normalize_coords", "separate"),
         )
 
     def embed(centre: Tensor) -> Tensor:
-        angles = (centre[..., None] * rope.bands.float().to(centre.device)).flatten(-2)
-        return _sincos(angles, rope.rotate_half)
+        angles = (centre[..., None] * bands.to(centre.device)).flatten(-2)
+        return _sincos(angles, getattr(rope, "rotate_half", False))
 
-    return PackedRope(rope, coords, embed, per_block=False, rotate_half=rope.rotate_half)
+    return PackedRope(rope, coords, embed, per_block=False, rotate_half=getattr(rope, "rotate_half", False))
 
 
 def _dinov3(rope: nn.Module, model: nn.Module) -> PackedRope:
     """`RotaryEmbeddingDinoV3`: centred, normalised coordinates over periods."""
 
     def coords(grid: tuple[int, int]) -> Tensor:
-        return _build_grid(
-            list(grid),
-            grid_type="centered",
-            grid_offset=rope.grid_offset,
-            grid_indexing=rope.grid_indexing,
-            normalize_coords=rope.normalize_coords,
-        )
+        return cell_grid(grid, "centered", None, rope.grid_offset, rope.grid_indexing, rope.normalize_coords)
 
     def embed(centre: Tensor) -> Tensor:
         periods = rope.periods.float().to(centre.device)
@@ -169,11 +210,12 @@ def _mixed(rope: nn.Module, model: nn.Module) -> PackedRope:
     """`RotaryEmbeddingMixed` (RoPE-Mixed): learned frequencies per block and head mixing x and y."""
 
     def coords(grid: tuple[int, int]) -> Tensor:
-        t_x, t_y = get_mixed_grid(list(grid), grid_indexing=rope.grid_indexing)
-        return torch.stack([t_x, t_y], -1).view(grid[0], grid[1], 2)
+        return cell_grid(grid, "index", None, 0.0, getattr(rope, "grid_indexing", "xy"))
 
-    def embed(centre: Tensor) -> Tensor:
-        return get_mixed_freqs(rope.freqs, centre[:, 0], centre[:, 1])
+    def embed(centre: Tensor) -> Tensor:  # x and y mixed by learned frequencies (2, depth, heads, F)
+        freqs = rope.freqs.float()
+        angles = centre[:, :1] * freqs[0].unsqueeze(-2) + centre[:, 1:2] * freqs[1].unsqueeze(-2)
+        return _sincos(angles, False).to(rope.freqs.dtype)
 
     rotate_half = bool(getattr(model.blocks[0].attn, "rotate_half", False))
     return PackedRope(rope, coords, embed, per_block=True, rotate_half=rotate_half)

@@ -29,7 +29,7 @@ class Coverage:
         name: the timm model name (with the arguments it was built with, if any).
         grid: its finest patch grid ``(rows, cols)``.
         status: ``equal`` (the uniform layout gives timm's outputs), ``differs`` (it runs and does not:
-            a bug), or ``refused`` (one line says why).
+            a bug), ``refused`` (one line says why), or ``unavailable`` (the installed timm cannot build it).
         detail: the refusal's message, or the largest differences.
         logits_diff, features_diff: the largest absolute differences (NaN when refused).
     """
@@ -54,7 +54,11 @@ def check_backbone(
     if kwargs:
         label += f" ({', '.join(f'{k}={v}' for k, v in kwargs.items())})"
     if isinstance(model, str):
-        model = timm.create_model(model, pretrained=False, **{"num_classes": 5, **kwargs})
+        try:
+            model = timm.create_model(model, pretrained=False, **{"num_classes": 5, **kwargs})
+        except Exception as err:  # a family or setting this timm does not have
+            why = f"timm {timm.__version__} cannot build it ({type(err).__name__}: {str(err)[:120]})"
+            return Coverage(label, (0, 0), "unavailable", why)
     vit = model.eval()
     embed = getattr(vit, "patch_embed", None)
     grid = tuple(int(g) for g in getattr(embed, "grid_size", (0, 0)))

@@ -20,6 +20,8 @@ EXPECTED_REFUSALS = {
 def check(family: str) -> None:
     name, kwargs = BY_FAMILY[family]
     found = check_backbone(name, **({} if "naflex" in name else {"depth": 2}), **kwargs)
+    if found.status == "unavailable":
+        pytest.skip(found.detail)  # an older timm within the supported range
     if family in EXPECTED_REFUSALS:
         assert found.status == "refused", found
         assert "\n" not in found.detail and found.detail.startswith(f"model_name={name!r}")
