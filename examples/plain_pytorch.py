@@ -140,7 +140,7 @@ def train(
     pre = model.preprocessing  # what predict will apply to files: train on the same
     train_set.transform = transforms.Compose(
         [
-            transforms.Resize((pre.size, pre.size)),
+            transforms.Resize((pre.img_size, pre.img_size)),
             transforms.ToTensor(),
             transforms.Normalize(pre.mean, pre.std),
         ]

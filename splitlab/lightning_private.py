@@ -10,6 +10,7 @@ Lightning only for type hints).
 
 from __future__ import annotations
 
+from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -72,6 +73,8 @@ def saved_model_settings(checkpoint: dict[str, Any]) -> tuple[str | None, dict[s
     hyperparameters (the class path under a private key, beside the instantiator's)."""
     saved = dict(checkpoint.get("hyper_parameters", {}))
     saved.pop("_instantiator", None)
+    # a settings group kept as its dataclass (a task built in Python) is read as its fields
+    saved = {k: asdict(v) if is_dataclass(v) and not isinstance(v, type) else v for k, v in saved.items()}
     return saved.pop("_class_path", None), saved
 
 

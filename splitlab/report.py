@@ -12,7 +12,7 @@ from typing import Any
 def summary_record(
     task: str,
     metric: str,
-    target_fraction: float,
+    budget: float,
     lam: float,
     policies: dict[str, dict[str, float]],
     stage: str,
@@ -40,7 +40,7 @@ def summary_record(
         "metric": metric,
         "stage": stage,
         "trained_policy": trained_policy,
-        "target_fraction": target_fraction,
+        "budget": budget,
         "lambda": lam,
         "policies": rows,
         **({"columns": list(columns)} if columns else {}),
@@ -75,8 +75,8 @@ def format_table(record: dict[str, Any]) -> str:
     header = f"{'policy':<14} {metric:>10}{extra} {'fraction':>10} {'± std':>8} {'img/s':>10}"
     trained = record.get("trained_policy", "learned")
     lines = [
-        f"{record['task']} ({record['stage']}, trained policy: {trained}): target fraction "
-        f"{record['target_fraction']:.2f}, lambda {record['lambda']:.4f}",
+        f"{record['task']} ({record['stage']}, trained policy: {trained}): budget "
+        f"{record['budget']:.2f}, lambda {record['lambda']:.4f}",
         header,
         "-" * len(header),
     ]
@@ -115,7 +115,7 @@ def budget_row(name: str, budget: float, first: float) -> str:
 
 
 def curve_record(summary: dict[str, Any], budgets: list[float]) -> dict[str, Any]:
-    """`curve.json` from a summary evaluated at ``budgets`` (``target_fraction`` first, then ``eval_budgets``)."""
+    """`curve.json` from a summary evaluated at ``budgets`` (``budget`` first, then ``eval_budgets``)."""
     points = []
     for budget in budgets:
         policies = {}
@@ -175,15 +175,15 @@ def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     refused; a row whose realised fraction misses the
     budget by more than `MATCHED` is listed in ``unmatched`` (the table says so under it)."""
     for run, summary in summaries.items():
-        keys = ("task", "metric", "target_fraction", "policies")
+        keys = ("task", "metric", "budget", "policies")
         lacking = [k for k in keys if k not in summary] if isinstance(summary, dict) else list(keys)
-        if lacking or not isinstance(summary["target_fraction"], (int, float)):
+        if lacking or not isinstance(summary["budget"], (int, float)):
             raise ValueError(
-                f"{run}/summary.json has no {lacking or ['target_fraction as a number']}: not a summary "
+                f"{run}/summary.json has no {lacking or ['budget as a number']}: not a summary "
                 "that fit or splitlab demo wrote"
             )
     first = next(iter(summaries.values()))
-    metric, target = first["metric"], first["target_fraction"]
+    metric, target = first["metric"], first["budget"]
     rows, unmatched = [], []
     for run, summary in summaries.items():
         key = metric_key(summary, first["task"], metric)
@@ -193,9 +193,9 @@ def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 f"{first['task']!r} ({metric}): compare runs of one task (a multi-task run beside "
                 "runs of one of its tasks: put a run of that task first)"
             )
-        if abs(summary["target_fraction"] - target) > 1e-6:
+        if abs(summary["budget"] - target) > 1e-6:
             raise ValueError(
-                f"{run}: trained for target_fraction={summary['target_fraction']:g}, the first run for "
+                f"{run}: trained for budget={summary['budget']:g}, the first run for "
                 f"{target:g}: compare runs of one budget (or see each run's own curve)"
             )
         trained = summary.get("trained_policy", "learned")
@@ -215,7 +215,7 @@ def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {
         "task": first["task"],
         "metric": metric,
-        "target_fraction": target,
+        "budget": target,
         "rows": rows,
         "unmatched": unmatched,
     }
@@ -241,7 +241,7 @@ def format_compare(record: dict[str, Any]) -> str:
     for run in record.get("unmatched", []):
         lines.append(
             f"\nnote: {run} realises a token fraction more than {MATCHED} from the target "
-            f"{record['target_fraction']:g}: its row is not at the matched fraction"
+            f"{record['budget']:g}: its row is not at the matched fraction"
         )
     return "\n".join(lines)
 

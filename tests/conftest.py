@@ -46,7 +46,7 @@ def coco_root(tmp_path_factory: pytest.TempPathFactory):
     """A tiny generated COCO set (4 train, 2 val images, 128 px): copy it before editing it."""
     from splitlab.data import generate_coco
 
-    return generate_coco(tmp_path_factory.mktemp("coco"), image_size=128, train=4, val=2)
+    return generate_coco(tmp_path_factory.mktemp("coco"), img_size=128, train=4, val=2)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def ade_root(tmp_path_factory: pytest.TempPathFactory):
     """A tiny generated ADE20K set (20 train, 2 val images, 128 px): copy it before editing it."""
     from splitlab.data import generate_ade20k
 
-    return generate_ade20k(tmp_path_factory.mktemp("ade"), image_size=128, train=20, val=2)
+    return generate_ade20k(tmp_path_factory.mktemp("ade"), img_size=128, train=20, val=2)
 
 
 # The end-to-end twins (a dense stage, then SPLIT training: minutes each) run first, so that under

@@ -43,12 +43,12 @@ def tiny_args(root, log_dir, *extra: str) -> list[str]:
         "--model.init_args.backbone_kwargs.embed_dim=32",
         "--model.init_args.backbone_kwargs.depth=2",
         "--model.init_args.backbone_kwargs.num_heads=2",
-        "--model.init_args.decision_dim=16",
-        "--model.init_args.decision_heads=2",
+        "--model.init_args.tokenizer.decision_dim=16",
+        "--model.init_args.tokenizer.decision_heads=2",
         "--model.init_args.ppo.samples=2",
         "--model.init_args.ppo.epochs=2",
-        "--model.init_args.imitation_steps=1",  # one decision-module update per warm-start batch
-        "--model.init_args.eval_budgets=[]",
+        "--model.init_args.warm_start.imitation_steps=1",  # one decision-module update per warm-start batch
+        "--model.init_args.evaluation.eval_budgets=[]",
         *extra,
     ]
 
@@ -103,7 +103,7 @@ def two_rank_args(root, log_dir, callbacks: list[dict], max_epochs: int, *extra:
         *TWO_CPU_RANKS,
         f"--trainer.max_epochs={max_epochs}",
         f"--trainer.callbacks={json.dumps(callbacks)}",
-        "--model.init_args.eval_baselines=[]",
+        "--model.init_args.evaluation.eval_baselines=[]",
         *extra,
     )
 

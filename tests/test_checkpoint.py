@@ -44,7 +44,7 @@ class Payload:
 def run(shapes_root, tmp_path_factory) -> Path:
     """A real run of the tiny classification twin (one warm-start epoch): config.yaml, checkpoints/."""
     folder = tmp_path_factory.mktemp("run")
-    fit(shapes_root, folder, *schedule_args(1, 0), "--model.init_args.eval_baselines=[]")
+    fit(shapes_root, folder, *schedule_args(1, 0), "--model.init_args.evaluation.eval_baselines=[]")
     return folder
 
 
@@ -117,15 +117,15 @@ READERS = {
         ["calibrate", str(e), str(images(t)), "--out", str(t / "cal"), "--num-workers", "0"], c
     ),
     "curve": lambda e, r, s, t, c: command(
-        ["curve", str(r), "--ckpt", str(e), "--out", str(t / "curve"), "--budgets", "0.5"], c
+        ["curve", str(r), "--ckpt", str(e), "--out", str(t / "curve"), "--eval-budgets", "0.5"], c
     ),
     "policy_checkpoint (transferred)": lambda e, r, s, t, c: command(
         [
             "fit",
             *tiny_args(s, t / "out"),
-            "--model.init_args.budgets=null",
+            "--model.init_args.budget_range=null",
             "--model.init_args.policy=transferred",
-            f"--model.init_args.policy_checkpoint={e}",
+            f"--model.init_args.policy_options.policy_checkpoint={e}",
         ],
         c,
     ),

@@ -198,7 +198,7 @@ def create_vit(model_name: str, pretrained: bool = False, checkpoint_path: str =
             raise
         raise OSError(
             f"model_name={model_name!r}: its pretrained weights could not be loaded ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:160]}); on a machine without the hub set model.init_args.checkpoint_path "
+            f"{str(err).splitlines()[0][:160]}); on a machine without the hub set model.init_args.backbone_kwargs.checkpoint_path "
             "to a local weights file, or fill the Hugging Face cache elsewhere and set HF_HUB_OFFLINE=1"
         ) from err
 

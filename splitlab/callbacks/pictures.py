@@ -121,7 +121,7 @@ class TokenMapPictures(Callback):
     ) -> Image.Image:
         """One image at the lowest, deployed and highest budget of a budget-conditioned policy."""
         lo, hi = pl_module.tokenizer.operating_points.range
-        budgets = torch.tensor([lo, pl_module.target_fraction, hi], device=image.device)
+        budgets = torch.tensor([lo, pl_module.budget, hi], device=image.device)
         images = image.expand(3, -1, -1, -1)
         with torch.no_grad():
             layout = pl_module.model.layout(images, budget=budgets, policy="learned")  # as deployed

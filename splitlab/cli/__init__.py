@@ -72,7 +72,7 @@ class SplitLabCLI(CheckpointConfigHook, LightningCLI):
         """Build the model as the checkpoint was trained, with the safe changes given (`reconcile`).
 
         Lightning's own version applies the checkpoint's hyperparameters over the command line,
-        so ``--model.init_args.target_fraction 0.3`` with ``--ckpt_path`` silently ran at the
+        so ``--model.init_args.budget 0.3`` with ``--ckpt_path`` silently ran at the
         checkpoint's budget. A missing or unreadable file is named here, before anything is built.
         """
         subcommand = self.config.get("subcommand")

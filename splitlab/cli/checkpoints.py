@@ -7,6 +7,7 @@ import csv
 import json
 import re
 import warnings
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,41 +108,72 @@ def newest_readable(found: list[Path], which: str) -> Path:
     )
 
 
-# Settings a run from a checkpoint may change: how the trained model is evaluated and deployed.
+# Settings a run from a checkpoint may change: how the trained model is evaluated and deployed (a
+# group's field as ``group.field``).
 DEPLOYMENT = {
-    "target_fraction",
-    "eval_budgets",
-    "eval_baselines",
+    "budget",
     "max_fraction",
-    "attn_backend",
-    "calibration_images",
+    "evaluation.eval_budgets",
+    "evaluation.eval_baselines",
+    "evaluation.calibration_images",
+    "backbone_kwargs.attn_backend",
     "vqa_accuracy_mode",
 }
 # Where the weights come from: a checkpoint restores them all, so these are not used.
-WEIGHTS = {"pretrained", "checkpoint_path", "init_checkpoint"}
+WEIGHTS = {"pretrained", "backbone_kwargs.checkpoint_path", "init_checkpoint"}
 # Settings of training only: they do not change what validate, test and predict compute.
 TRAINING = {
-    "lr",
-    "weight_decay",
-    "warmup_steps",
-    "policy_lr",
-    "imitation_lr",
-    "imitation_weight",
-    "teacher_forcing",
-    "warm_start_finetune",
-    "label_target",
-    "apt_search",
-    "entropy_thresholds",
-    "grad_clip",
+    *(f"optim.{f}" for f in ("lr", "weight_decay", "warmup_steps", "policy_lr", "grad_clip")),
+    *(
+        f"warm_start.{f}"
+        for f in ("imitation_lr", "imitation_weight", "teacher_forcing", "finetune", "label_target")
+    ),
+    *(f"controller.{f}" for f in ("lr", "gain", "damping", "init")),
+    *(f"policy_options.{f}" for f in ("apt_search", "entropy_thresholds", "sampling_seed")),
     "ppo",
-    "lambda_lr",
-    "lambda_gain",
-    "lambda_damping",
-    "lambda_init",
-    "sampling_seed",
     "label_smoothing",
     "aux_weight",
 }
+# settings held as groups (dataclasses, or mappings in a config): compared field by field
+NESTED = (
+    "backbone_kwargs",
+    "tokenizer",
+    "evaluation",
+    "policy_options",
+    "optim",
+    "warm_start",
+    "ppo",
+    "controller",
+)
+
+
+def _flat(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with each group's fields as ``group.field``."""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        fields = asdict(value) if is_dataclass(value) else value
+        if key in NESTED and isinstance(fields, dict):
+            flat.update({f"{key}.{name}": v for name, v in fields.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def _nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """`_flat` undone: each group a mapping of its fields."""
+    settings: dict[str, Any] = {}
+    for key, value in flat.items():
+        group, dot, name = key.partition(".")
+        if dot and group in NESTED:
+            settings.setdefault(group, {})[name] = value
+        else:
+            settings[key] = value
+    return settings
+
+
+def _in(key: str, names: set[str]) -> bool:
+    """Whether a setting (``group.field``) is one of ``names`` or in a group listed whole."""
+    return key in names or key.partition(".")[0] in names
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -165,9 +197,10 @@ def reconcile(
     Returns:
         the settings to build the model with, and notes for the user.
     """
+    saved, given = _flat(saved), _flat(given)
     differs = [k for k in saved if k in given and not _same(saved[k], given[k])]
     allowed = DEPLOYMENT | WEIGHTS | (TRAINING if subcommand != "fit" else set())
-    refused = [k for k in differs if k not in allowed]
+    refused = [k for k in differs if not _in(k, allowed)]
     if refused:
         listing = "; ".join(f"{k}: checkpoint {_shown(saved[k])}, given {_shown(given[k])}" for k in refused)
         raise ValueError(
@@ -175,14 +208,13 @@ def reconcile(
             f"cannot change now: {listing}. Use the checkpoint's values (or start a new run)"
         )
     merged = {**saved, **{k: given[k] for k in differs if k in DEPLOYMENT}}
-    merged.update(
-        pretrained=False, checkpoint_path="", init_checkpoint=None
-    )  # the checkpoint has the weights
+    merged.update(pretrained=False, init_checkpoint=None)  # the checkpoint has the weights
+    merged.pop("backbone_kwargs.checkpoint_path", None)
     notes = [f"{k}={_shown(given[k])} (checkpoint {_shown(saved[k])})" for k in differs if k in DEPLOYMENT]
-    ignored = [k for k in differs if k in TRAINING]
+    ignored = [k for k in differs if _in(k, TRAINING)]
     if ignored:
         notes.append(f"not used by {subcommand}: {', '.join(ignored)}")
-    return merged, notes
+    return _nested(merged), notes
 
 
 # Data settings a resumed fit cannot change: they fix which samples of the epoch the checkpoint has

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 
 def positive_int(text: str) -> int:
@@ -112,3 +113,32 @@ def add_file_reading(p: argparse.ArgumentParser) -> None:
         "--num-workers", type=int, default=min(4, max((os.cpu_count() or 1) - 1, 0)), help="decoding workers"
     )
     p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ...")
+
+
+def command_parser(
+    sub: argparse._SubParsersAction, name: str, summary: str, doc: str
+) -> argparse.ArgumentParser:
+    """Subcommand ``name``: ``summary`` is its line in ``splitlab --help``, the first paragraph of its
+    module docstring (``doc``) heads its own ``--help``, so the command is described once."""
+    return sub.add_parser(name, help=summary, description=doc.split("\n\n")[0])
+
+
+def add_model(p: argparse.ArgumentParser, inputs: str | None = None) -> None:
+    """MODEL, for the commands that load a trained model (anything `splitlab.load` takes), and, given
+    ``inputs`` (its help), the image files or folders it runs on."""
+    p.add_argument("model", help="run folder, .ckpt, save_pretrained folder or Hugging Face Hub id")
+    if inputs is not None:
+        p.add_argument("inputs", nargs="+", help=inputs)
+
+
+def file_reading(args: argparse.Namespace) -> dict[str, Any]:
+    """The options `add_file_reading` added, checked, as the keyword arguments `splitlab.model`'s
+    readers of files take (``splitlab.model.predict``, ``splitlab.model.calibrate``)."""
+    if args.num_workers < 0:
+        raise ValueError(f"--num-workers {args.num_workers}: must be 0 or more")
+    return {
+        "batch_size": args.batch_size,
+        "num_workers": args.num_workers,
+        "exif_transpose": args.exif_transpose,
+        "high_depth": args.high_depth,
+    }

@@ -54,7 +54,7 @@ class BenchConfig:
     device: str = "cpu"
     levels: Sequence[int] | None = None
     ckpt: str | None = None
-    fraction: float | None = 0.7
+    budget: float | None = 0.7
     images: str | None = None
     warmup: int = 2
     iters: int = 5
@@ -77,15 +77,15 @@ def _device(name: str) -> torch.device:
     return device
 
 
-def _load_images(path: str, count: int, preprocessing: Preprocessing, size: int) -> Tensor:
+def _load_images(path: str, count: int, preprocessing: Preprocessing, img_size: int) -> Tensor:
     """``count`` images of the folder (repeated if it has fewer), as the model preprocesses them."""
     from PIL import Image
 
     files = image_files([path])
     if not files:
         raise FileNotFoundError(f"--images {path}: no image files")
-    if preprocessing.size != size:  # --img-size asks for another input size than the model's data
-        preprocessing = dataclasses.replace(preprocessing, size=size)
+    if preprocessing.img_size != img_size:  # --img-size asks for another input size than the model's data
+        preprocessing = dataclasses.replace(preprocessing, img_size=img_size)
     batch = [preprocessing(Image.open(files[i % len(files)]))[0] for i in range(count)]
     return torch.stack(batch)
 
@@ -119,9 +119,9 @@ def build(cfg: BenchConfig, device: torch.device) -> SplitModel:
         if pretrained is not None and not pretrained.num_classes:  # a tower without a classifier
             config["head"] = {"num_classes": 1000}  # (DINOv2, SigLIP-so400m): both paths time one
         model = SplitClassifier(config)
-        if cfg.fraction is not None and cfg.fraction != model.budget:  # the one budget it deploys
-            model.levels.check_fraction(cfg.fraction, "--budget")
-            model = SplitClassifier({**config, "budget": float(cfg.fraction)})
+        if cfg.budget is not None and cfg.budget != model.budget:  # the one budget it deploys
+            model.levels.check_fraction(cfg.budget, "--budget")
+            model = SplitClassifier({**config, "budget": float(cfg.budget)})
     return model.to(device).eval()
 
 
@@ -201,11 +201,11 @@ def breakdown(model: SplitModel, images: Tensor, iters: int, device: torch.devic
     return parts
 
 
-def run_bench(cfg: BenchConfig) -> dict[str, Any]:
-    """Measure and return the table's numbers (see the module docstring)."""
+def check_config(cfg: BenchConfig) -> None:
+    """Refuse settings that cannot be measured before any model is built, naming the option."""
     if cfg.dtype not in DTYPES:
         raise ValueError(f"--dtype {cfg.dtype}: expected one of {sorted(DTYPES)}")
-    if cfg.ckpt is None and cfg.fraction is None:
+    if cfg.ckpt is None and cfg.budget is None:
         raise ValueError("give --ckpt (a trained SPLIT checkpoint) or --budget (a calibrated layout)")
     if cfg.images and not Path(cfg.images).is_dir():
         raise FileNotFoundError(f"--images {cfg.images}: no such folder")
@@ -213,35 +213,110 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         raise ValueError("--predict times the predict path on files: give --images FOLDER")
     if cfg.compile and cfg.warmup < 1:
         raise ValueError("--compile with --warmup 0 would time the compilation: give --warmup 1 or more")
-    device = _device(cfg.device)
-    torch.manual_seed(cfg.seed)
-    model = build(cfg, device)
-    backbone, tokenizer = model.backbone, model.tokenizer
-    size = backbone.img_size
-    if cfg.img_size and cfg.ckpt and tuple(size) != (cfg.img_size, cfg.img_size):
-        size = (cfg.img_size, cfg.img_size)
-    tokenizer.levels.check_image(size)
-    if cfg.images:  # preprocessed as the model's data were, so its calibrated cuts hold
-        images = _load_images(cfg.images, cfg.batch_size, model.preprocessing, size[0]).to(device)
+
+
+def bench_images(cfg: BenchConfig, model: SplitModel, device: torch.device) -> tuple[tuple[int, int], Tensor]:
+    """The input size (the model's, or ``--img-size`` for a trained one) and the batch both paths run:
+    the ``--images`` files preprocessed as the model's data were (so its calibrated cuts hold), or noise."""
+    img_size = model.backbone.img_size
+    if cfg.img_size and cfg.ckpt and tuple(img_size) != (cfg.img_size, cfg.img_size):
+        img_size = (cfg.img_size, cfg.img_size)
+    model.tokenizer.levels.check_image(img_size)
+    if cfg.images:
+        images = _load_images(cfg.images, cfg.batch_size, model.preprocessing, img_size[0]).to(device)
     else:
-        images = torch.randn(cfg.batch_size, 3, *size, device=device)
-    dtype = DTYPES[cfg.dtype]
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
-    cut = None
-    if cfg.fraction is not None:  # a trained policy runs as trained unless a fraction is asked for
-        with autocast:
-            cut = calibrate_policy(model, images, cfg.fraction)
+        images = torch.randn(cfg.batch_size, 3, *img_size, device=device)
+    return img_size, images
+
+
+def uniform_model(model: SplitModel, img_size: Sequence[int], compiled: bool) -> Any:
+    """timm's own model at ``img_size``: the uniform side. With ``compiled`` each path is compiled as it
+    is best served: timm's model whole, static shapes (its batch never changes shape), the strongest
+    uniform baseline, on a copy so that SPLIT's in-place compile is not traced into it; SPLIT's blocks
+    in place with dynamic shapes, as its packed length changes from batch to batch."""
+    backbone = model.backbone
     uniform = backbone.model
-    if tuple(size) != tuple(backbone.img_size):  # timm's patch embedding checks the input size
-        uniform.set_input_size(img_size=size)
-    if cfg.compile:
-        # Each path compiled as it is best served. timm's model whole, static shapes (its batch
-        # never changes shape): the strongest uniform baseline, on a copy so that SPLIT's in-place
-        # compile below is not traced into it. SPLIT's blocks in place with dynamic shapes, as its
-        # packed length changes from batch to batch.
+    if tuple(img_size) != tuple(backbone.img_size):  # timm's patch embedding checks the input size
+        uniform.set_input_size(img_size=img_size)
+    if compiled:
         uniform = torch.compile(copy.deepcopy(uniform), dynamic=False)
         for block in backbone.model.blocks:
             block.compile(dynamic=True)
+    return uniform
+
+
+def speeds(times_uniform: Sequence[float], times_split: Sequence[float], batch_size: int) -> dict[str, Any]:
+    """Throughput, speed-up (with the spread of its timed pairs) and latency of the interleaved passes."""
+    t_uniform, t_split = sum(times_uniform), sum(times_split)
+    images_done = batch_size * len(times_uniform)
+    return {
+        "throughput_uniform": images_done / t_uniform,
+        "throughput_split": images_done / t_split,
+        "speedup": t_uniform / t_split,
+        "speedup_spread": pair_spread(times_uniform, times_split),
+        "latency_ms_per_image_uniform": 1e3 * t_uniform / images_done,
+        "latency_ms_per_image_split": 1e3 * t_split / images_done,
+    }
+
+
+def token_costs(model: SplitModel, layout: Any, batch_size: int) -> dict[str, Any]:
+    """Tokens and backbone FLOPs of the uniform grid and of the deployed layout, and their ratio (the
+    ideal speed-up)."""
+    backbone = model.backbone
+    prefix = backbone.num_prefix_tokens
+    finest = layout.grid_size[0] * layout.grid_size[1]
+    flops_uniform = backbone_flops(backbone.model, [finest + prefix] * batch_size)
+    flops_split = backbone_flops(backbone.model, [n + prefix for n in layout.seqlens])
+    return {
+        "ideal_speedup": flops_uniform / flops_split,
+        "token_fraction": float(layout.fraction.mean()),
+        "tokens_uniform": finest,
+        "tokens_split_mean": sum(layout.seqlens) / len(layout.seqlens),
+        "gflops_uniform_per_image": flops_uniform / batch_size / 1e9,
+        "gflops_split_per_image": flops_split / batch_size / 1e9,
+    }
+
+
+def overheads(parts: dict[str, float]) -> dict[str, Any]:
+    """The instrumented pass's parts in ms, and what the tokenizer costs against the backbone."""
+    return {
+        "time_ms": {k: v * 1e3 for k, v in parts.items()},
+        "overhead_fraction": (parts["embed"] + parts["decide"] + parts["walk"]) / parts["backbone"],
+        # what SPLIT runs beyond the uniform forward: its own patch embedding is work timm does too
+        "overhead_beyond_uniform_fraction": (
+            parts["embed"] - parts["patch_embed"] + parts["decide"] + parts["walk"]
+        )
+        / parts["backbone"],
+    }
+
+
+def resources(
+    run_uniform: Callable[[], Any], run_split: Callable[[], Any], device: torch.device
+) -> dict[str, Any]:
+    """Peak memory, host syncs and page faults of one batch of each path (None where not measured)."""
+    return {
+        "peak_memory_mib_uniform": _peak_memory(run_uniform, device),
+        "peak_memory_mib_split": _peak_memory(run_split, device),
+        "host_syncs_per_batch": _host_syncs(run_split, device),
+        "page_faults_per_batch_uniform": _page_faults(run_uniform, device),
+        "page_faults_per_batch_split": _page_faults(run_split, device),
+    }
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Measure and return the table's numbers (see the module docstring)."""
+    check_config(cfg)
+    device = _device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    model = build(cfg, device)
+    img_size, images = bench_images(cfg, model, device)
+    dtype = DTYPES[cfg.dtype]
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    cut = None
+    if cfg.budget is not None:  # a trained policy runs as trained unless a budget is asked for
+        with autocast:
+            cut = calibrate_policy(model, images, cfg.budget)
+    uniform = uniform_model(model, img_size, cfg.compile)
 
     def run_uniform() -> Any:
         with torch.inference_mode(), autocast:
@@ -251,56 +326,43 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         with torch.inference_mode(), autocast:
             return split_forward(model, images)
 
-    times_uniform, times_split = interleaved(
-        run_uniform, run_split, cfg.warmup, cfg.iters, device, cfg.min_seconds
-    )
-    t_uniform, t_split = sum(times_uniform), sum(times_split)
+    times = interleaved(run_uniform, run_split, cfg.warmup, cfg.iters, device, cfg.min_seconds)
     with autocast:
         parts = breakdown(model, images, cfg.iters, device)
         with torch.inference_mode():  # as timed: autocast (flash needs bf16), no autograd (CPU's auto)
             layout = model.layout(images)
-            backend = backbone.pack(layout)[1].backend.name
-    prefix = backbone.num_prefix_tokens
-    finest = layout.grid_size[0] * layout.grid_size[1]
-    flops_uniform = backbone_flops(backbone.model, [finest + prefix] * cfg.batch_size)
-    flops_split = backbone_flops(backbone.model, [n + prefix for n in layout.seqlens])
-    images_done = cfg.batch_size * len(times_uniform)
+            backend = model.backbone.pack(layout)[1].backend.name
     result = {
-        "config": {**asdict(cfg), "levels": list(tokenizer.levels.sizes), "img_size": list(size)},
+        "config": {**asdict(cfg), "levels": list(model.tokenizer.levels.sizes), "img_size": list(img_size)},
         "device_name": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else f"cpu ({torch.get_num_threads()} threads)",
         "attn_backend": backend,
-        "throughput_uniform": images_done / t_uniform,
-        "throughput_split": images_done / t_split,
-        "speedup": t_uniform / t_split,
-        "speedup_spread": pair_spread(times_uniform, times_split),
-        "latency_ms_per_image_uniform": 1e3 * t_uniform / images_done,
-        "latency_ms_per_image_split": 1e3 * t_split / images_done,
-        "ideal_speedup": flops_uniform / flops_split,
-        "token_fraction": float(layout.fraction.mean()),
-        "tokens_uniform": finest,
-        "tokens_split_mean": sum(layout.seqlens) / len(layout.seqlens),
-        "gflops_uniform_per_image": flops_uniform / cfg.batch_size / 1e9,
-        "gflops_split_per_image": flops_split / cfg.batch_size / 1e9,
-        "time_ms": {k: v * 1e3 for k, v in parts.items()},
-        "overhead_fraction": (parts["embed"] + parts["decide"] + parts["walk"]) / parts["backbone"],
-        # what SPLIT runs beyond the uniform forward: its own patch embedding is work timm does too
-        "overhead_beyond_uniform_fraction": (
-            parts["embed"] - parts["patch_embed"] + parts["decide"] + parts["walk"]
-        )
-        / parts["backbone"],
-        "peak_memory_mib_uniform": _peak_memory(run_uniform, device),
-        "peak_memory_mib_split": _peak_memory(run_split, device),
-        "host_syncs_per_batch": _host_syncs(run_split, device),
-        "page_faults_per_batch_uniform": _page_faults(run_uniform, device),
-        "page_faults_per_batch_split": _page_faults(run_split, device),
+        **speeds(*times, cfg.batch_size),
+        **token_costs(model, layout, cfg.batch_size),
+        **overheads(parts),
+        **resources(run_uniform, run_split, device),
         "policy_cut": cut,
     }
     result["speedup_over_ideal"] = result["speedup"] / result["ideal_speedup"]
     # the typical pair's: on a shared host a burst of other work slows a few pairs, which the
     # throughput ratio above counts in full (the sweep's table reports this one)
     result["speedup_median_over_ideal"] = result["speedup_spread"]["median"] / result["ideal_speedup"]
+    add_optional_paths(result, cfg, model, uniform, images, autocast, device)
+    return result
+
+
+def add_optional_paths(
+    result: dict[str, Any],
+    cfg: BenchConfig,
+    model: SplitModel,
+    uniform: Any,
+    images: Tensor,
+    autocast: Any,
+    device: torch.device,
+) -> None:
+    """The measurements asked for beside the backbone's (``--predict``, ``--lm``, ``--dense-ideal``),
+    each with its share of the backbone speed-up, into ``result``."""
     if cfg.predict:
         result["predict"] = bench_predict(model, uniform, cfg, device)
         result["predict"]["share_of_backbone_speedup"] = result["predict"]["speedup"] / result["speedup"]
@@ -317,7 +379,6 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         result["speedup_median_over_dense_ideal"] = (
             result["speedup_spread"]["median"] / dense["speedup_spread"]["median"]
         )
-    return result
 
 
 def bench_predict(model: SplitModel, uniform: Any, cfg: BenchConfig, device: torch.device) -> dict[str, Any]:
@@ -402,7 +463,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     source.add_argument("--ckpt", default=None, help="a trained SPLIT checkpoint (its policy decides)")
     source.add_argument(
         "--budget",
-        dest="fraction",
         type=fraction,
         default=None,
         help="the budget: token fraction of a calibrated layout (default 0.7)",
@@ -451,9 +511,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     settings = {f.name: getattr(args, f.name) for f in fields(BenchConfig) if hasattr(args, f.name)}
-    cfg = BenchConfig(
-        **{**settings, "fraction": 0.7 if args.fraction is None and not args.ckpt else args.fraction}
-    )
+    cfg = BenchConfig(**{**settings, "budget": 0.7 if args.budget is None and not args.ckpt else args.budget})
     # as splitlab predict runs; both paths of a comparison share the process, so both get it
     kept = not cfg.system_malloc and keep_freed_memory()
     sizes = args.batch_sizes
@@ -487,7 +545,7 @@ def train_main(args: argparse.Namespace, cfg: BenchConfig, sizes: Sequence[int])
         bench_train(
             cfg.model,
             size,
-            cfg.fraction,
+            cfg.budget,
             levels=list(cfg.levels) if cfg.levels else None,
             img_size=cfg.img_size,
             patch_size=cfg.patch_size,

@@ -8,13 +8,14 @@ from typing import Any
 
 def format_bench(r: dict[str, Any]) -> str:
     """The measurements as a text table."""
+    rows = [*_speed_rows(r), *_cost_rows(r), *_predict_rows(r), *_vqa_rows(r)]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _speed_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """What ran (model, device, backend, tokens) and how fast, against the FLOP ideals."""
     cfg = r["config"]
-    mem = (
-        f"{r['peak_memory_mib_uniform']:.0f} / {r['peak_memory_mib_split']:.0f} MiB"
-        if r["peak_memory_mib_uniform"] is not None
-        else "n/a on CPU"
-    )
-    t = r["time_ms"]
     rows = [
         (
             "model",
@@ -33,18 +34,28 @@ def format_bench(r: dict[str, Any]) -> str:
             "ideal (FLOP) speed-up",
             f"{r['ideal_speedup']:.3f}x  (achieved {r['speedup_over_ideal']:.1%} of ideal)",
         ),
-        *(
-            [
-                (
-                    "dense ideal speed-up",
-                    f"{r['dense_ideal']['speedup']:.3f}x  (timm's blocks at {r['dense_ideal']['tokens_per_image']} "
-                    f"against {r['dense_ideal']['tokens_per_image_uniform']} tokens; achieved "
-                    f"{r['speedup_over_dense_ideal']:.1%} of it)",
-                )
-            ]
-            if "dense_ideal" in r
-            else []
-        ),
+    ]
+    if "dense_ideal" in r:
+        rows.append(
+            (
+                "dense ideal speed-up",
+                f"{r['dense_ideal']['speedup']:.3f}x  (timm's blocks at {r['dense_ideal']['tokens_per_image']} "
+                f"against {r['dense_ideal']['tokens_per_image_uniform']} tokens; achieved "
+                f"{r['speedup_over_dense_ideal']:.1%} of it)",
+            )
+        )
+    return rows
+
+
+def _cost_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where the SPLIT path's time goes, and its memory, host syncs and page faults."""
+    t = r["time_ms"]
+    mem = (
+        f"{r['peak_memory_mib_uniform']:.0f} / {r['peak_memory_mib_split']:.0f} MiB"
+        if r["peak_memory_mib_uniform"] is not None
+        else "n/a on CPU"
+    )
+    rows = [
         (
             "time embed/decide/walk/backbone",
             f"{t['embed']:.1f} / {t['decide']:.1f} / {t['walk']:.1f} / {t['backbone']:.1f} ms",
@@ -59,46 +70,49 @@ def format_bench(r: dict[str, Any]) -> str:
             "host syncs per SPLIT batch",
             "n/a on CPU" if r.get("host_syncs_per_batch") is None else str(r["host_syncs_per_batch"]),
         ),
-        *(
-            [
-                (
-                    "page faults per batch uniform / SPLIT",
-                    f"{r['page_faults_per_batch_uniform']} / {r['page_faults_per_batch_split']} "
-                    f"(freed memory {'kept' if r.get('freed_memory_kept') else 'given back: --system-malloc, or not glibc'})",
-                )
-            ]
-            if r.get("page_faults_per_batch_uniform") is not None
-            else []
+    ]
+    if r.get("page_faults_per_batch_uniform") is not None:
+        rows.append(
+            (
+                "page faults per batch uniform / SPLIT",
+                f"{r['page_faults_per_batch_uniform']} / {r['page_faults_per_batch_split']} "
+                f"(freed memory {'kept' if r.get('freed_memory_kept') else 'given back: --system-malloc, or not glibc'})",
+            )
+        )
+    return rows
+
+
+def _predict_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """``--predict``'s end-to-end numbers (none without it)."""
+    if "predict" not in r:
+        return []
+    e = r["predict"]
+    return [
+        (
+            "predict end to end img/s",
+            f"uniform {e['images_per_second_uniform']:.2f} / SPLIT {e['images_per_second_split']:.2f} "
+            f"({e['images']} files at fraction {e['token_fraction']:.3f}, {e['workers']} decoding worker(s))",
+        ),
+        (
+            "predict speed-up",
+            f"{e['speedup']:.3f}x  ({e['share_of_backbone_speedup']:.1%} of the backbone speed-up)",
         ),
     ]
-    if "predict" in r:
-        e = r["predict"]
-        rows += [
-            (
-                "predict end to end img/s",
-                f"uniform {e['images_per_second_uniform']:.2f} / SPLIT {e['images_per_second_split']:.2f} "
-                f"({e['images']} files at fraction {e['token_fraction']:.3f}, {e['workers']} decoding worker(s))",
-            ),
-            (
-                "predict speed-up",
-                f"{e['speedup']:.3f}x  ({e['share_of_backbone_speedup']:.1%} of the backbone speed-up)",
-            ),
-        ]
-    if "vqa" in r:
-        v = r["vqa"]
-        rows += [
-            (
-                "VQA (ViT + projector + LM prefill)",
-                f"{v['lm_width']}-wide LM, {v['text_tokens']} text tokens",
-            ),
-            (
-                "VQA img/s uniform / SPLIT",
-                f"{v['images_per_second_uniform']:.2f} / {v['images_per_second_split']:.2f}",
-            ),
-            ("VQA speed-up", f"{v['speedup']:.3f}x"),
-        ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _vqa_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """``--lm``'s VQA path numbers (none without it)."""
+    if "vqa" not in r:
+        return []
+    v = r["vqa"]
+    return [
+        ("VQA (ViT + projector + LM prefill)", f"{v['lm_width']}-wide LM, {v['text_tokens']} text tokens"),
+        (
+            "VQA img/s uniform / SPLIT",
+            f"{v['images_per_second_uniform']:.2f} / {v['images_per_second_split']:.2f}",
+        ),
+        ("VQA speed-up", f"{v['speedup']:.3f}x"),
+    ]
 
 
 def bench_table(records: list[dict[str, Any]]) -> str:
@@ -139,7 +153,7 @@ def format_sweep(records: list[dict[str, Any]]) -> str:
     dense = "dense_ideal" in first
     lines = [
         f"{cfg['model']} @ {cfg['img_size'][0]} px, levels {tuple(cfg['levels'])}, {first['device_name']}, "
-        f"{cfg['dtype']}, budget {cfg['fraction']}",
+        f"{cfg['dtype']}, budget {cfg['budget']}",
         "| batch | backend | fraction | uniform img/s | SPLIT img/s | speed-up, median (q1-q3, pairs) | FLOP-ideal "
         "| of ideal | "
         + ("dense ideal | of dense ideal | " if dense else "")

@@ -109,43 +109,17 @@ def bench_train(
         iters: steps of each stage timed.
         seed: seed of the weights and the batch.
     """
-    from splitlab.tasks import ClassificationTask
-
     if dtype not in PRECISION:
         raise ValueError(f"--dtype {dtype}: training runs in {sorted(PRECISION)} (float16 is refused)")
     torch.manual_seed(seed)
-    sizes = {"img_size": img_size, "patch_size": patch_size}
-    kwargs = {k: v for k, v in sizes.items() if v}
-    task = ClassificationTask(
-        backbone=model,
-        backbone_kwargs=kwargs,
-        levels=levels,
-        target_fraction=budget,
-        num_classes=10,
-        eval_baselines=(),
-        sampling_seed=seed,
-    )
+    task = fresh_task(model, budget, levels, img_size, patch_size, seed)
     side = task.backbone.img_size
     images = torch.randn(batch_size, 3, *side).repeat(warmup + iters, 1, 1, 1)
     labels = torch.randint(0, 10, (batch_size,)).repeat(warmup + iters)
     loader = DataLoader(TensorDataset(images, labels), batch_size=batch_size)
     clock = StepClock()
     with tempfile.TemporaryDirectory() as folder, quiet_fit():
-        trainer = Trainer(
-            accelerator=torch.device(device).type,
-            devices=1,
-            precision=PRECISION[dtype],
-            max_epochs=len(STAGES),
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=folder,
-            callbacks=[SplitSchedule(warm_start_epochs=1, rl_epochs=1, dense_epochs=1), clock],
-        )
-        trainer.fit(task, train_dataloaders=loader)
+        timing_trainer(device, dtype, folder, clock).fit(task, train_dataloaders=loader)
     per_image = {stage: statistics.median(clock.steps[stage][warmup:]) / batch_size for stage in STAGES}
     rollout = statistics.median(clock.rollouts[warmup:]) / batch_size
     return {
@@ -160,7 +134,7 @@ def bench_train(
             "iters": iters,
             "ppo_samples": task.ppo.samples,
             "ppo_epochs": task.ppo.epochs,
-            "imitation_steps": task.hparams.imitation_steps,
+            "imitation_steps": task.hparams.warm_start.imitation_steps,
         },
         "steps_timed": {stage: len(clock.steps[stage][warmup:]) for stage in STAGES},
         "ms_per_image": {stage: 1e3 * s for stage, s in per_image.items()},
@@ -168,6 +142,49 @@ def bench_train(
         "ppo_rollout_share": rollout / per_image["ppo"],
         "relative_to_dense": {stage: s / per_image["dense"] for stage, s in per_image.items()},
     }
+
+
+def fresh_task(
+    model: str,
+    budget: float,
+    levels: list[int] | None,
+    img_size: int | None,
+    patch_size: int | None,
+    seed: int,
+) -> LightningModule:
+    """A `ClassificationTask` around a fresh timm ``model`` (10 classes, no baseline rows), as a recipe
+    would build it: what every stage of the timed fit steps."""
+    from splitlab.tasks import ClassificationTask
+
+    sizes = {"img_size": img_size, "patch_size": patch_size}
+    return ClassificationTask(
+        backbone=model,
+        backbone_kwargs={k: v for k, v in sizes.items() if v},
+        tokenizer={"levels": levels},
+        budget=budget,
+        num_classes=10,
+        evaluation={"eval_baselines": []},
+        policy_options={"sampling_seed": seed},
+    )
+
+
+def timing_trainer(device: str, dtype: str, folder: str, clock: StepClock) -> Trainer:
+    """A Trainer that runs one epoch of each stage and nothing else (no validation, logging,
+    checkpoints or progress bar), so the clock times the training steps alone."""
+    return Trainer(
+        accelerator=torch.device(device).type,
+        devices=1,
+        precision=PRECISION[dtype],
+        max_epochs=len(STAGES),
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=folder,
+        callbacks=[SplitSchedule(warm_start_epochs=1, rl_epochs=1, dense_epochs=1), clock],
+    )
 
 
 def format_train(result: dict[str, Any]) -> str:

@@ -15,20 +15,19 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from splitlab.commands.arguments import add_file_reading, fraction
+from splitlab.commands.arguments import add_file_reading, add_model, command_parser, file_reading, fraction
 
 if TYPE_CHECKING:
     from splitlab.model.calibrate import Calibrated
 
 
+# its line in splitlab --help
+SUMMARY = "re-fit a model's budget cuts on your own images (no retraining)"
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "calibrate",
-        help="re-fit a model's budget cuts on your own images (no retraining)",
-        description=__doc__.split("\n\n")[0],
-    )
-    p.add_argument("model", help="run folder, .ckpt, save_pretrained folder or Hugging Face Hub id")
-    p.add_argument("inputs", nargs="+", help="image files or folders like those the model will see")
+    p = command_parser(sub, "calibrate", SUMMARY, __doc__)
+    add_model(p, inputs="image files or folders like those the model will see")
     p.add_argument("--out", required=True, help="folder for the calibrated model (a new one)")
     p.add_argument(
         "--budget", type=fraction, default=None, help="the budget it deploys (default: the model's)"
@@ -46,8 +45,7 @@ def main(args: argparse.Namespace) -> int:
         raise FileExistsError(
             f"--out {out}: not a new folder; give a new one (a calibrated model never replaces files)"
         )
-    if args.num_workers < 0:
-        raise ValueError(f"--num-workers {args.num_workers}: must be 0 or more")
+    reading = file_reading(args)
     files = image_files(args.inputs)
     if not files:
         raise FileNotFoundError(f"inputs {args.inputs}: no image files (jpg, png, webp, bmp, tiff, ...)")
@@ -56,10 +54,7 @@ def main(args: argparse.Namespace) -> int:
         model,
         files,
         budget=args.budget,
-        batch_size=args.batch_size,
-        num_workers=args.num_workers,
-        exif_transpose=args.exif_transpose,
-        high_depth=args.high_depth,
+        **reading,
     )
     model.save_pretrained(out)
     note = f" ({done.skipped} unreadable file(s) skipped)" if done.skipped else ""

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 
+from splitlab.commands.arguments import command_parser
+
+# its line in splitlab --help
+SUMMARY = "rewrite a trusted checkpoint that holds more than weights as a weights-only one"
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "convert-checkpoint",
-        help="rewrite a trusted checkpoint that holds more than weights as a weights-only one",
-        description=__doc__.split("\n\n")[0],
-    )
+    p = command_parser(sub, "convert-checkpoint", SUMMARY, __doc__)
     p.add_argument("checkpoint", help="the .ckpt to convert (unpickled in full: only a file you trust)")
     p.add_argument("out", help="the .ckpt to write (a new file)")
 

@@ -13,20 +13,18 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from splitlab.commands.arguments import fraction_list
+from splitlab.commands.arguments import command_parser, fraction_list
 from splitlab.report import curve_record, plot_curve
+
+# its line in splitlab --help
+SUMMARY = "metric and speed against token fraction for a trained run (learned, random, entropy, uniform)"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "curve",
-        help="metric and speed against token fraction for a trained run (learned, random, entropy, uniform)",
-        description=__doc__.split("\n\n")[0],
-    )
+    p = command_parser(sub, "curve", SUMMARY, __doc__)
     p.add_argument("run_dir", help="what a fit leaves: config.yaml and checkpoints/last.ckpt")
     p.add_argument(
-        "--budgets",
-        dest="fractions",
+        "--eval-budgets",
         type=fraction_list,
         default=None,
         help="budgets, e.g. 0.3,0.5,0.7 (default: the trained range's ends and the run's target; a policy "
@@ -68,19 +66,21 @@ def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> 
         raise ValueError(
             f"unknown arguments {bad}: only --data.*, --model.*, --trainer.* overrides are passed on"
         )
-    args.fractions = _check_trained_budgets(config, args.fractions)
+    args.eval_budgets = _check_trained_budgets(config, args.eval_budgets)
     baselines = ["uniform", "random", "entropy"]
-    if "oracle" in _model_settings(config).get("eval_baselines", []):  # the run's data has annotations
+    if "oracle" in (_model_settings(config).get("evaluation") or {}).get(
+        "eval_baselines", []
+    ):  # the run's data has annotations
         baselines.append("oracle")
     out = Path(args.out) if args.out else run / "curve"
-    first, *rest = args.fractions
+    first, *rest = args.eval_budgets
     argv = [
         "validate",
         f"--config={config}",
         f"--ckpt_path={ckpt}",
-        f"--model.init_args.target_fraction={first}",
-        f"--model.init_args.eval_budgets={json.dumps(rest)}",
-        f"--model.init_args.eval_baselines={json.dumps(baselines)}",
+        f"--model.init_args.budget={first}",
+        f"--model.init_args.evaluation.eval_budgets={json.dumps(rest)}",
+        f"--model.init_args.evaluation.eval_baselines={json.dumps(baselines)}",
         "--trainer.logger=false",
         f"--trainer.default_root_dir={out}",
         *overrides,
@@ -95,32 +95,32 @@ def _model_settings(config: Path) -> dict:
     return (yaml.safe_load(config.read_text()) or {}).get("model", {}).get("init_args", {}) or {}
 
 
-def _check_trained_budgets(config: Path, fractions: Sequence[float] | None) -> list[float]:
-    """The fractions to evaluate (by default those the run's policy serves), refusing, before loading
-    anything, fractions it was not trained for."""
+def _check_trained_budgets(config: Path, eval_budgets: Sequence[float] | None) -> list[float]:
+    """The budgets to evaluate (by default those the run's policy serves), refusing, before loading
+    anything, budgets it was not trained for."""
     settings = _model_settings(config)
-    budgets, target = settings.get("budgets"), settings.get("target_fraction")
-    if fractions is None:
+    budgets, target = settings.get("budget_range"), settings.get("budget")
+    if eval_budgets is None:
         if budgets is None:
             return [float(target if target is not None else 0.5)]
         return sorted({float(min(budgets)), float(target), float(max(budgets))})
     if budgets is None:
-        others = target is None or any(abs(f - float(target)) > 1e-6 for f in fractions)
+        others = target is None or any(abs(f - float(target)) > 1e-6 for f in eval_budgets)
         if others:
             raise ValueError(
-                f"--budgets {','.join(f'{f:g}' for f in fractions)}: {config}'s policy was trained for "
-                f"budget {target} only (budgets: null); a curve needs a budget-conditioned run "
-                "(model.init_args.budgets: [lowest, highest])"
+                f"--eval-budgets {','.join(f'{f:g}' for f in eval_budgets)}: {config}'s policy was trained for "
+                f"budget {target} only (budget_range: null); a curve needs a budget-conditioned run "
+                "(model.init_args.budget_range: [lowest, highest])"
             )
-        return list(fractions)
+        return list(eval_budgets)
     lo, hi = min(budgets), max(budgets)
-    outside = [f for f in fractions if not lo - 1e-6 <= f <= hi + 1e-6]
+    outside = [f for f in eval_budgets if not lo - 1e-6 <= f <= hi + 1e-6]
     if outside:
         raise ValueError(
-            f"--budgets: {', '.join(f'{f:g}' for f in outside)} outside the range the policy of {config} "
-            f"was trained for (budgets: [{lo:g}, {hi:g}])"
+            f"--eval-budgets: {', '.join(f'{f:g}' for f in outside)} outside the range the policy of {config} "
+            f"was trained for (budget_range: [{lo:g}, {hi:g}])"
         )
-    return list(fractions)
+    return list(eval_budgets)
 
 
 def main(args: argparse.Namespace, overrides: Sequence[str] = ()) -> int:
@@ -129,7 +129,7 @@ def main(args: argparse.Namespace, overrides: Sequence[str] = ()) -> int:
     argv, out = curve_arguments(args, overrides)
     lightning_main(argv)
     summary = json.loads((out / "summary.json").read_text())
-    record = curve_record(summary, list(args.fractions))
+    record = curve_record(summary, list(args.eval_budgets))
     (out / "curve.json").write_text(json.dumps(record, indent=2) + "\n")
     plot_curve(record, out / "curve.png")
     print(f"curve: {out / 'curve.json'}  picture: {out / 'curve.png'}")

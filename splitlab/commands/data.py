@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
+from typing import Any
 
 from splitlab.commands.arguments import positive_int, seed_value
 
@@ -11,15 +13,43 @@ from splitlab.commands.arguments import positive_int, seed_value
 def add_parser(sub: argparse._SubParsersAction) -> None:
     data = sub.add_parser("data", help="write small datasets in the real formats")
     kinds = data.add_subparsers(dest="kind", required=True)
+    add_shapes(kinds)
+    for name, help_ in (
+        ("ade20k", "ADE20K-layout segmentation scenes"),
+        ("coco", "COCO-format detection scenes (instances JSON)"),
+    ):
+        add_written(
+            kinds.add_parser(name, help=help_), 128, (400, "training images"), (100, "validation images")
+        )
+    add_vocabulary(kinds)
+    add_vqa(kinds)
+
+
+def add_written(
+    p: argparse.ArgumentParser, img_size: int, train: tuple[int, str], val: tuple[int, str]
+) -> None:
+    """The options every generated dataset has (where, how large, how many, which seed), each kind
+    with its own defaults (``train`` and ``val``: the count and what it counts): they are the
+    generators' keyword arguments of the same names."""
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--img-size", type=positive_int, default=img_size, help="image side in pixels")
+    p.add_argument("--train", type=positive_int, default=train[0], help=train[1])
+    p.add_argument("--val", type=positive_int, default=val[0], help=val[1])
+    p.add_argument("--seed", type=seed_value, default=0)
+
+
+def add_range(p: argparse.ArgumentParser, option: str, kind: type | Callable[[str], Any], help_: str) -> None:
+    """An optional ``LO HI`` pair (unset: the generator's default range)."""
+    p.add_argument(option, type=kind, nargs=2, metavar=("LO", "HI"), help=help_)
+
+
+def add_shapes(kinds: argparse._SubParsersAction) -> None:
+    """``splitlab data shapes``: the classification set (`splitlab.data.generators.shapes`)."""
     shapes = kinds.add_parser(
         "shapes", help="ImageFolder (or HF) classification set whose class lives in fine detail"
     )
-    shapes.add_argument("--out", required=True, help="output directory")
-    shapes.add_argument("--image-size", type=positive_int, default=64)
-    shapes.add_argument("--train", type=positive_int, default=600, help="training images per class")
-    shapes.add_argument("--val", type=positive_int, default=150, help="validation images per class")
+    add_written(shapes, 64, (600, "training images per class"), (150, "validation images per class"))
     shapes.add_argument("--test", type=positive_int, default=150, help="test images per class")
-    shapes.add_argument("--seed", type=seed_value, default=0)
     shapes.add_argument("--format", choices=("imagefolder", "hf"), default="imagefolder")
     shapes.add_argument("--detail", type=positive_int, default=2, help="pattern feature width in pixels")
     shapes.add_argument(
@@ -28,16 +58,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="busy",
         help="busy texture (entropy points away from the object) or one plain colour (entropy is the right cue)",
     )
-    for name, help_ in (
-        ("ade20k", "ADE20K-layout segmentation scenes"),
-        ("coco", "COCO-format detection scenes (instances JSON)"),
-    ):
-        scenes = kinds.add_parser(name, help=help_)
-        scenes.add_argument("--out", required=True, help="output directory")
-        scenes.add_argument("--image-size", type=positive_int, default=128)
-        scenes.add_argument("--train", type=positive_int, default=400, help="training images")
-        scenes.add_argument("--val", type=positive_int, default=100, help="validation images")
-        scenes.add_argument("--seed", type=seed_value, default=0)
+
+
+def add_vocabulary(kinds: argparse._SubParsersAction) -> None:
+    """``splitlab data vqa-vocab``: the word list of any VQAv2-layout folder (`vocabulary`)."""
     vocab = kinds.add_parser(
         "vqa-vocab", help="vocab.json (a word-level tokenizer's words) of any VQAv2-layout folder"
     )
@@ -49,19 +73,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--prompt", default=None, help="the prompt template, whose words go in too (default LLaVA's)"
     )
     vocab.add_argument("--out", default=None, help="where to write (default ROOT/vocab.json)")
+
+
+def add_vqa(kinds: argparse._SubParsersAction) -> None:
+    """``splitlab data vqa``: VQAv2-layout scenes (`splitlab.data.generators.vqa_scenes`); the scene
+    options left unset keep the generator's defaults."""
     vqa = kinds.add_parser("vqa", help="VQAv2-layout questions on coloured, patterned squares")
-    vqa.add_argument("--out", required=True, help="output directory")
-    vqa.add_argument("--image-size", type=positive_int, default=128)
-    vqa.add_argument("--train", type=positive_int, default=300, help="training images (3-4 questions each)")
-    vqa.add_argument("--val", type=positive_int, default=80, help="validation images")
-    vqa.add_argument("--seed", type=seed_value, default=0)
+    add_written(vqa, 128, (300, "training images (3-4 questions each)"), (80, "validation images"))
     vqa.add_argument("--format", choices=("official", "hf"), default="official")
-    vqa.add_argument(
-        "--square",
-        type=float,
-        nargs=2,
-        metavar=("LO", "HI"),
-        help="the squares' side range as fractions of the image side (default 0.125 0.2)",
+    add_range(
+        vqa, "--square", float, "the squares' side range as fractions of the image side (default 0.125 0.2)"
     )
     vqa.add_argument("--shade", type=float, help="pattern contrast: base colour ± shade (default 0.15)")
     vqa.add_argument(
@@ -86,13 +107,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=("hstripes", "vstripes", "checks", "rising", "falling", "zigzag"),
         help="the pattern set, 2 or more (default hstripes vstripes checks; rising/falling are diagonals)",
     )
-    vqa.add_argument(
-        "--objects",
-        type=positive_int,
-        nargs=2,
-        metavar=("LO", "HI"),
-        help="objects per scene, 2 <= LO <= HI <= 4 (default 2 3)",
-    )
+    add_range(vqa, "--objects", positive_int, "objects per scene, 2 <= LO <= HI <= 4 (default 2 3)")
     vqa.add_argument(
         "--background",
         choices=("busy", "flat", "noise"),

@@ -195,8 +195,8 @@ def policy_args(policy: str) -> list[str]:
         return []
     return [
         f"--model.init_args.policy={policy}",
-        "--model.init_args.budgets=null",
-        "--model.init_args.eval_budgets=[]",
+        "--model.init_args.budget_range=null",
+        "--model.init_args.evaluation.eval_budgets=[]",
     ]
 
 
@@ -218,56 +218,25 @@ def run_pipeline(
     (so that SPLIT and APT start from the same data and backbone). ``scenes`` picks the VQA data
     (`splitlab.data.generators.vqa_scenes.SCENES`).
     """
-    from splitlab.cli import lightning_main, stop_code
-
-    def fit(args: list[str]) -> None:
-        code = stop_code(lightning_main(args))
-        if code:  # stopped by a signal (Ctrl-C, SIGTERM): the stage is unfinished, so is the demo
-            raise SystemExit(code)
-
     if task not in PIPELINES:
         raise ValueError(f"task={task!r}: expected one of {sorted(PIPELINES)}")
     out = Path(out)
     source = Path(reuse) if reuse is not None else out
-    data = source / "data"
-    made = not (data / ".complete").exists()
-    if made and reuse is not None:
-        raise FileNotFoundError(f"--reuse {reuse}: no finished demo run there (no data/.complete)")
-    # the background shapes the classification data only, the scenes the VQA data only
-    shaped = {"classification": {"background": background}, "vqa": {"scenes": scenes}}.get(task, {})
-    if not made and reuse is not None:  # the comparison: that run's data and backbone, another policy or seed
-        check_reused(data, {"task": task, **({"scenes": scenes} if task == "vqa" else {})}, "--reuse")
-    elif not made:
-        check_reused(data, {"task": task, "seed": seed, **shaped}, "--out")
-    claim_out(out, {"task": task, "seed": seed, "background": background, "policy": policy})
-    if made:
-        generate_for(task, data, seed, background, scenes)
+    data = prepare_data(out, source, reuse, task, seed, policy, background, scenes)
     extra = [*policy_args(policy), *extra]
     # overrides follow every --config, so the dense stage's config cannot reset them
     overrides = [
         *data_root_args(task, data),
-        *([f"--model.init_args.tokenizer={data / 'vocab.json'}"] if task == "vqa" else []),
+        *([f"--model.init_args.lm_tokenizer={data / 'vocab.json'}"] if task == "vqa" else []),
         f"--seed_everything={seed}",
-        f"--model.init_args.sampling_seed={seed}",
+        f"--model.init_args.policy_options.sampling_seed={seed}",
         f"--trainer.logger.init_args.save_dir={out}",
         "--trainer.logger.init_args.name=",
     ]
     if quiet:
         overrides += ["--trainer.enable_progress_bar=false"]
-    both, dense_only = scenes_configs(scenes) if task == "vqa" else ([], [])
-    pretrain = source / "pretrain" / "checkpoints" / "last.ckpt"
-    finished = source / "pretrain" / ".complete"  # last.ckpt alone may be an interrupted stage's
-    if not finished.exists() and reuse is not None:
-        raise FileNotFoundError(f"--reuse {reuse}: no finished dense backbone there ({finished})")
-    if not finished.exists():  # an unfinished dense stage of this demo's: trained again from the start
-        clear(source, ["pretrain"])
-        dense = REPO / "configs" / "ci" / PIPELINES[task][2]
-        version = "--trainer.logger.init_args.version=pretrain"
-        fit(
-            ["fit", *ci_recipe(task), *both, "--config", str(dense), *dense_only, *overrides, version, *extra]
-        )
-        finished.parent.mkdir(parents=True, exist_ok=True)
-        finished.write_text("")
+    both = scenes_configs(scenes)[0] if task == "vqa" else []
+    pretrain = dense_backbone(source, reuse, task, scenes, overrides, extra)
     clear(out, FIT_OUTPUTS)  # this demo's earlier SPLIT stage, if any: the new one replaces it
     version = "--trainer.logger.init_args.version="
     fit(
@@ -284,13 +253,80 @@ def run_pipeline(
     return json.loads((out / "summary.json").read_text())
 
 
+def fit(args: list[str]) -> None:
+    """One ``lightning fit`` of a stage; a stage stopped by a signal (Ctrl-C, SIGTERM) is unfinished,
+    so is the demo: it exits with the signal's code."""
+    from splitlab.cli import lightning_main, stop_code
+
+    code = stop_code(lightning_main(args))
+    if code:
+        raise SystemExit(code)
+
+
+def prepare_data(
+    out: Path,
+    source: Path,
+    reuse: str | Path | None,
+    task: str,
+    seed: int,
+    policy: str,
+    background: str,
+    scenes: str,
+) -> Path:
+    """The demo's data folder: generated in ``out``, or found finished in ``source`` (``reuse``'s run,
+    or an earlier demo in ``out``) and checked to have been made for these settings; ``out`` is
+    claimed for this demo first."""
+    data = source / "data"
+    made = not (data / ".complete").exists()
+    if made and reuse is not None:
+        raise FileNotFoundError(f"--reuse {reuse}: no finished demo run there (no data/.complete)")
+    # the background shapes the classification data only, the scenes the VQA data only
+    shaped = {"classification": {"background": background}, "vqa": {"scenes": scenes}}.get(task, {})
+    if not made and reuse is not None:  # the comparison: that run's data and backbone, another policy or seed
+        check_reused(data, {"task": task, **({"scenes": scenes} if task == "vqa" else {})}, "--reuse")
+    elif not made:
+        check_reused(data, {"task": task, "seed": seed, **shaped}, "--out")
+    claim_out(out, {"task": task, "seed": seed, "background": background, "policy": policy})
+    if made:
+        generate_for(task, data, seed, background, scenes)
+    return data
+
+
+def dense_backbone(
+    source: Path,
+    reuse: str | Path | None,
+    task: str,
+    scenes: str,
+    overrides: Sequence[str],
+    extra: Sequence[str],
+) -> Path:
+    """The dense stage's checkpoint: ``source``'s finished one, or trained now (from the start, an
+    unfinished one's files cleared) with the demo's ``overrides`` and ``extra`` after the dense configs."""
+    pretrain = source / "pretrain" / "checkpoints" / "last.ckpt"
+    finished = source / "pretrain" / ".complete"  # last.ckpt alone may be an interrupted stage's
+    if finished.exists():
+        return pretrain
+    if reuse is not None:
+        raise FileNotFoundError(f"--reuse {reuse}: no finished dense backbone there ({finished})")
+    clear(source, ["pretrain"])
+    both, dense_only = scenes_configs(scenes) if task == "vqa" else ([], [])
+    dense = REPO / "configs" / "ci" / PIPELINES[task][2]
+    version = "--trainer.logger.init_args.version=pretrain"
+    fit(["fit", *ci_recipe(task), *both, "--config", str(dense), *dense_only, *overrides, version, *extra])
+    finished.parent.mkdir(parents=True, exist_ok=True)
+    finished.write_text("")
+    return pretrain
+
+
 def main(args: argparse.Namespace) -> int:
     if (args.policy == "transferred") != bool(args.policy_checkpoint):
         raise ValueError(
             "--policy transferred and --policy-checkpoint RUN go together: the policy comes from that run"
         )
     extra = (
-        [f"--model.init_args.policy_checkpoint={args.policy_checkpoint}"] if args.policy_checkpoint else []
+        [f"--model.init_args.policy_options.policy_checkpoint={args.policy_checkpoint}"]
+        if args.policy_checkpoint
+        else []
     )
     record = run_pipeline(
         args.out,

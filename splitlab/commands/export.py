@@ -12,14 +12,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from splitlab.commands.arguments import device_name, fraction, positive_int
+from splitlab.commands.arguments import add_model, device_name, fraction, positive_int
 
 FORMATS = ("hf", "pt2", "onnx")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="save a trained model: Hugging Face layout, torch.export or ONNX")
-    p.add_argument("model", help="run folder, .ckpt, save_pretrained folder or Hugging Face Hub id")
+    add_model(p)
     p.add_argument("--out", required=True, help="output folder (refused if it holds files of that format)")
     p.add_argument("--format", choices=FORMATS, default="hf")
     p.add_argument("--budget", type=fraction, default=None, help="pt2/onnx: the budget compiled in")

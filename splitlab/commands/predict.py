@@ -25,7 +25,14 @@ import numpy as np
 from PIL import Image
 
 from splitlab.cli.runs import first_free
-from splitlab.commands.arguments import add_file_reading, fraction, positive_int
+from splitlab.commands.arguments import (
+    add_file_reading,
+    add_model,
+    command_parser,
+    file_reading,
+    fraction,
+    positive_int,
+)
 
 OUTPUTS = (
     "predictions.jsonl",
@@ -52,14 +59,13 @@ def remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+# its line in splitlab --help
+SUMMARY = "a trained model on image files: predictions.jsonl and the task's results file"
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "predict",
-        help="a trained model on image files: predictions.jsonl and the task's results file",
-        description=__doc__.split("\n\n")[0],
-    )
-    p.add_argument("model", help="run folder, .ckpt, save_pretrained folder or Hugging Face Hub id")
-    p.add_argument("inputs", nargs="+", help="image files or folders (searched recursively)")
+    p = command_parser(sub, "predict", SUMMARY, __doc__)
+    add_model(p, inputs="image files or folders (searched recursively)")
     p.add_argument("--budget", type=fraction, default=None, help="token budget (default: the model's)")
     p.add_argument(
         "--max-fraction", type=fraction, default=None, help="hard per-image cap on the token fraction"
@@ -323,8 +329,7 @@ def main(args: argparse.Namespace) -> int:
     files = image_files(args.inputs)
     if not files:
         raise FileNotFoundError(f"inputs {args.inputs}: no image files (jpg, png, webp, bmp, tiff, ...)")
-    if args.num_workers < 0:
-        raise ValueError(f"--num-workers {args.num_workers}: must be 0 or more")
+    reading = file_reading(args)
     questions = read_questions(args, files)
     keep_freed_memory()  # on CPU each batch reuses the last one's memory instead of faulting it in again
     model = load(args.model, device=args.device)
@@ -352,13 +357,10 @@ def main(args: argparse.Namespace) -> int:
         budget=args.budget,
         max_fraction=args.max_fraction,
         policy=args.policy,
-        batch_size=args.batch_size,
-        num_workers=args.num_workers,
         questions=[[q["question"] for q in qs] for qs in questions] if questions is not None else None,
         top_k=args.top_k,
         keep_images=args.token_maps,
-        exif_transpose=args.exif_transpose,
-        high_depth=args.high_depth,
+        **reading,
     )
     try:
         for prediction in tqdm(stream, total=len(files), desc="predict", unit="img"):

@@ -8,88 +8,64 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
+from timm.data import create_transform
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from splitlab.data.common import BaseDataModule, SkipCorrupt, check_source, image_source, require_dir
+from splitlab.data.common import FolderOrHubData, SkipCorrupt, image_source, require_dir
 from splitlab.data.objects import WithBoxes, eval_resize, read_objects
-from splitlab.model.images import ImageDecoder, check_high_depth
+from splitlab.model.images import ImageDecoder
 from splitlab.model.preprocess import Preprocessing
 
 
-class ImageClassificationData(BaseDataModule):
+class ImageClassificationData(FolderOrHubData):
     """Classification data from an ImageFolder tree or a Hugging Face dataset.
 
-    Exactly one of ``root`` (``root/<split>/<class>/<image>``) and ``hf_dataset`` (a hub name or a
-    local path, ``save_to_disk`` or loadable by ``datasets.load_dataset``) is set. Images get
+    Exactly one of ``root`` (``root/<split>/<class>/<image>``) and ``hf_dataset`` is set. Images get
     timm's transforms: training augmentation (random-resized crop, horizontal flip, ...) unless
     ``augment`` is False. Check that augmentation keeps classes: a flip turns "/" into "\\", a
     crop can cut a small object out.
 
     Args:
-        root: ImageFolder root.
-        hf_dataset: Hugging Face dataset name or path.
-        hf_config: dataset configuration name.
         image_column, label_column: HF columns.
         train_split, val_split, test_split: split (folder) names; test falls back to val.
-        predict_split: the split ``predict`` reads (default: ``test_split`` where the data has it,
-            else ``val_split``); one the data does not have is refused.
         img_size: input size (the backbone's): a side, or ``[height, width]`` for a non-square input
             (timm's transforms: evaluation keeps the aspect ratio and crops the centre).
-        mean, std, interpolation, crop_pct: preprocessing (the backbone's pretrained config).
+        interpolation, crop_pct: preprocessing (the backbone's pretrained config).
         augment: training augmentation on.
         hflip: horizontal-flip probability of the augmentation.
         scale: random-resized-crop scale range.
-        batch_size, num_workers: loader settings.
-        shuffle_seed: seed of the epoch shuffles.
-        strict: stop at the first unreadable image instead of skipping and counting it.
-        exif_transpose: read images upright by their EXIF orientation (phone photos); off reads
-            the pixels as stored. The model keeps it, so ``predict`` reads files alike. Files are
-            decoded as `splitlab.model.images` says (16-bit as ``high_depth`` says, alpha dropped, ...).
+        batch_size: images per batch.
         objects: a JSON file (a relative path is under ``root``) of each image's object box,
             ``{split: {path under root: [x0, y0, x1, y1]}}`` (``splitlab data shapes`` writes
             ``objects.json``): batches then carry the boxes (``(images, labels, boxes)``), which the
             ``oracle`` row and ``label_source: annotations`` read. ImageFolder roots without
             augmentation only (a random crop moves the object).
-        high_depth: how 16-bit, 32-bit and float images become 8 bits: ``range`` (the default: each
-            image by its own minimum and maximum) or ``dtype`` (by the type's range, as an 8-bit file
-            is read: an 8-bit file and its 16-bit twin alike); `splitlab.model.images`. The model
-            keeps it, so ``predict`` reads files alike.
+        **kwargs: `FolderOrHubData`'s (``root``, ``hf_dataset``, ...) and `BaseDataModule`'s settings.
     """
+
+    layout = "an ImageFolder tree"
 
     def __init__(
         self,
-        root: str | None = None,
-        hf_dataset: str | None = None,
-        hf_config: str | None = None,
         image_column: str = "image",
         label_column: str = "label",
         train_split: str = "train",
         val_split: str = "val",
         test_split: str = "test",
-        predict_split: str | None = None,
         img_size: int | Sequence[int] = 224,
-        mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
-        std: Sequence[float] = IMAGENET_DEFAULT_STD,
         interpolation: str = "bicubic",
         crop_pct: float = 0.875,
         augment: bool = True,
         hflip: float = 0.5,
         scale: Sequence[float] = (0.08, 1.0),
         batch_size: int = 64,
-        num_workers: int = 4,
-        shuffle_seed: int = 0,
-        strict: bool = False,
-        exif_transpose: bool = True,
         objects: str | None = None,
-        high_depth: str = "range",
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
-        img_size = img_size if isinstance(img_size, int) else [int(v) for v in img_size]
-        check_high_depth(high_depth, "data.init_args.high_depth")
-        check_source(root, hf_dataset, "an ImageFolder tree")
+        super().__init__(img_size=img_size, batch_size=batch_size, **kwargs)
+        root = self.hparams.root
         if root is not None:
             require_dir(root, "data.root")
             require_dir(Path(root) / train_split, "data.root/train_split")
@@ -101,27 +77,13 @@ class ImageClassificationData(BaseDataModule):
             )
             raise ValueError(f"data.init_args.objects={objects!r}: the boxes need {why}")
         self.boxes = None if objects is None else read_objects(Path(root or "") / Path(objects).expanduser())
-        self.save_hyperparameters()
-        self.mean, self.std = tuple(mean), tuple(std)
-        self.img_size = img_size
-        self.batch_size = batch_size
-        self.datasets: dict[str, Dataset] = {}
         self.classes: list[str] = []
 
     @property
     def preprocessing(self) -> Preprocessing:
         """The model's input: timm's evaluation transform (resize, centre crop, normalise)."""
         hp = self.hparams
-        return Preprocessing(
-            hp.img_size,
-            self.mean,
-            self.std,
-            resize="crop",
-            interpolation=hp.interpolation,
-            crop_pct=hp.crop_pct,
-            exif_transpose=hp.exif_transpose,
-            high_depth=hp.high_depth,
-        )
+        return self.model_input(resize="crop", interpolation=hp.interpolation, crop_pct=hp.crop_pct)
 
     @property
     def names(self) -> list[str]:
@@ -196,17 +158,17 @@ class ImageClassificationData(BaseDataModule):
         """``dataset``'s items with their object boxes, moved through the transform's resize and crop."""
         hp = self.hparams
         root = Path(hp.root)
-        size = self.preprocessing.size  # a side, or (height, width) of a non-square input
+        img_size = self.preprocessing.img_size  # a side, or (height, width) of a non-square input
         # timm's training transform without augmentation resizes to (height, width) exactly (a square
         # too: it squashes); its evaluation keeps the aspect ratio (the shorter side, for a square)
-        resize = self.preprocessing.shape if training else eval_resize(size, hp.crop_pct)
+        resize = self.preprocessing.shape if training else eval_resize(img_size, hp.crop_pct)
         boxes = WithBoxes(
             dataset,
             transform,
             lambda i: Path(dataset.samples[i][0]).relative_to(root).as_posix(),
             self.boxes.get(name, {}),
             resize,
-            size,
+            img_size,
             keep_ratio=not training,
         )
         missing = boxes.missing()

@@ -1,5 +1,5 @@
-"""Pieces every splitlab DataModule shares: resumable shuffling, forgiving image loading, Hugging
-Face splits, padding."""
+"""Pieces every splitlab DataModule shares: its common settings, resumable shuffling, forgiving image
+loading, Hugging Face splits, padding."""
 
 from __future__ import annotations
 
@@ -17,7 +17,11 @@ import torch
 from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
+
+from splitlab.model.images import check_high_depth
+from splitlab.model.preprocess import Preprocessing
 
 
 class SeededIndex(int):
@@ -327,13 +331,72 @@ def require_dir(path: str | Path, setting: str) -> Path:
 
 
 class BaseDataModule(LightningDataModule):
-    """Loaders every splitlab DataModule shares: a `ResumableSampler` for training, dataset order for
-    evaluation. Subclasses fill ``self.datasets`` (``train``, ``val`` and optionally ``test``) in
-    ``setup`` and have ``batch_size``, ``num_workers`` and ``shuffle_seed`` hyperparameters."""
+    """The settings and loaders every splitlab DataModule shares: a `ResumableSampler` for training,
+    dataset order for evaluation. Subclasses fill ``self.datasets`` (``train``, ``val`` and optionally
+    ``test``) in ``setup``, and take these settings as ``**kwargs`` (each states its own defaults of
+    ``img_size`` and ``batch_size``, and VQA its ``mean`` and ``std``), so each is said once.
+
+    Args:
+        img_size: the input side (the backbone's), or ``[height, width]`` where the data module takes a
+            non-square input (classification); a square one is refused elsewhere, naming the setting.
+        mean, std: normalisation (the backbone's pretrained config).
+        batch_size: samples per batch (an attribute too, so Lightning's tuner can scale it).
+        num_workers: DataLoader worker processes.
+        shuffle_seed: seed of the epoch shuffles.
+        strict: stop at the first unusable sample (an unreadable image; where the data has them, a
+            label above ``num_classes`` or a mask whose size differs from its image) instead of
+            skipping and counting it.
+        exif_transpose: read images upright by their EXIF orientation (phone photos; boxes and masks
+            are drawn on the upright image, masks themselves read as stored); off reads the pixels as
+            stored. The model keeps it, so ``predict`` reads files alike. Files are decoded as
+            `splitlab.model.images` says (16-bit as ``high_depth`` says, alpha dropped, ...).
+        high_depth: how 16-bit, 32-bit and float images become 8 bits: ``range`` (the default: each
+            image by its own minimum and maximum) or ``dtype`` (by the type's range, as an 8-bit file
+            is read: an 8-bit file and its 16-bit twin alike); `splitlab.model.images`. The model
+            keeps it, so ``predict`` reads files alike.
+    """
 
     collate_fn: Callable | None = None
     test_key = "val"  # the split `test` and `predict` read
     object_annotations = False  # whether its targets say where the objects are (the oracle row reads them)
+    square: str | None = None  # a reader that letterboxes into a square, named where img_size is not
+
+    def __init__(
+        self,
+        img_size: int | Sequence[int] = 224,
+        mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+        std: Sequence[float] = IMAGENET_DEFAULT_STD,
+        batch_size: int = 64,
+        num_workers: int = 4,
+        shuffle_seed: int = 0,
+        strict: bool = False,
+        exif_transpose: bool = True,
+        high_depth: str = "range",
+    ) -> None:
+        super().__init__()
+        if self.square is not None:
+            img_size = square_side(img_size, self.square)
+        elif not isinstance(img_size, int):
+            img_size = [int(v) for v in img_size]
+        check_high_depth(high_depth, "data.init_args.high_depth")
+        self.save_hyperparameters()  # the subclasses' own arguments too (Lightning reads their frames)
+        self.hparams["img_size"] = img_size  # as read here, not as the subclass was given it
+        self.mean, self.std, self.img_size = tuple(mean), tuple(std), img_size
+        self.batch_size = batch_size
+        self.datasets: dict[str, Dataset] = {}
+
+    def model_input(self, **settings: Any) -> Preprocessing:
+        """The model's `Preprocessing` at this module's size, normalisation and reading of files, with
+        the data module's own ``settings`` (resize, interpolation, padding)."""
+        hp = self.hparams
+        return Preprocessing(
+            self.img_size,
+            self.mean,
+            self.std,
+            exif_transpose=hp.exif_transpose,
+            high_depth=hp.high_depth,
+            **settings,
+        )
 
     def hf_splits(self) -> Any:
         """The ``hf_dataset`` (with ``hf_config``) as a ``DatasetDict``, loaded once per DataModule."""
@@ -433,3 +496,30 @@ class BaseDataModule(LightningDataModule):
             pin_memory=torch.cuda.is_available(),
             collate_fn=SourcedCollate(type(self).collate_fn),
         )
+
+
+class FolderOrHubData(BaseDataModule):
+    """A data module that reads either a folder in its task's file layout or a Hugging Face dataset.
+
+    Args:
+        root: the folder, in the layout the data module names.
+        hf_dataset: a Hugging Face dataset instead: a hub name or a local path (``save_to_disk`` output,
+            or anything ``datasets.load_dataset`` loads).
+        hf_config: its configuration name.
+        predict_split: the split ``predict`` reads (default: the validation split; classification's
+            test split where the data has one); one the data does not have is refused.
+        **kwargs: `BaseDataModule`'s settings.
+    """
+
+    layout = "its task's layout"  # names the folder's layout in the one-source error
+
+    def __init__(
+        self,
+        root: str | None = None,
+        hf_dataset: str | None = None,
+        hf_config: str | None = None,
+        predict_split: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        check_source(root, hf_dataset, self.layout)

@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from splitlab.data.common import BadSample, BaseDataModule, SkipCorrupt, require_dir, square_side
-from splitlab.model.images import ImageDecoder, check_high_depth
+from splitlab.data.common import BadSample, BaseDataModule, SkipCorrupt, require_dir
+from splitlab.model.images import ImageDecoder
 from splitlab.model.preprocess import Preprocessing
 
 IMAGE_FIELDS = ("id", "file_name")
@@ -121,19 +120,19 @@ class CocoDetection(Dataset):
         annotations: Path,
         transform: Any,
         masks: bool,
-        size: int,
+        img_size: int,
         training: bool = False,
         exif_transpose: bool = True,
         high_depth: str = "range",
     ) -> None:
-        self.images, self.transform, self.masks, self.size = images, transform, masks, size
+        self.images, self.transform, self.masks, self.img_size = images, transform, masks, img_size
         self.decode = ImageDecoder(exif_transpose, high_depth)
         self.coco, self.ids, self.categories, self.dropped = load_coco(annotations, images)
         if training:  # the letterbox drops boxes under a pixel at the network's size: say how many
             tiny = sum(self.under_a_pixel(a) for a in self.coco.dataset.get("annotations", []))
             if tiny:
                 warnings.warn(
-                    f"{annotations}: {tiny} box(es) under a pixel at the network's input size ({size} px) are "
+                    f"{annotations}: {tiny} box(es) under a pixel at the network's input size ({img_size} px) are "
                     "left out of training (evaluation keeps them)",
                     stacklevel=2,
                 )
@@ -147,7 +146,7 @@ class CocoDetection(Dataset):
         x, y, w, h = ann["bbox"]
         width = min(x + w, img["width"]) - max(x, 0)
         height = min(y + h, img["height"]) - max(y, 0)
-        return min(width, height) * self.size / max(img["width"], img["height"]) < 1.0
+        return min(width, height) * self.img_size / max(img["width"], img["height"]) < 1.0
 
     def check_turned(self, info: dict[str, Any], width: int, height: int) -> None:
         """An image its EXIF orientation turned, whose annotations are on the stored pixels (their
@@ -194,7 +193,7 @@ class CocoDetection(Dataset):
         img, target = self.transform(tv_tensors.Image(v2.functional.pil_to_tensor(image)), target)
         out = {k: v.as_subclass(torch.Tensor) for k, v in target.items()}
         out["image_id"] = torch.tensor(image_id)
-        out["scale"] = torch.tensor(self.size / max(image.width, image.height))
+        out["scale"] = torch.tensor(self.img_size / max(image.width, image.height))
         return img.as_subclass(torch.Tensor), out
 
 
@@ -231,18 +230,12 @@ class CocoDetectionData(BaseDataModule):
         train_annotations, val_annotations: instances JSON files under ``root``.
         img_size: network input size, square (the coarsest level need not divide it: clipped edge patches).
         masks: load instance masks (Mask R-CNN).
-        mean, std: normalisation (the backbone's).
-        batch_size, num_workers, shuffle_seed: loader settings.
-        strict: stop at the first unreadable image instead of skipping and counting it.
-        exif_transpose: read images upright by their EXIF orientation (boxes drawn on the upright
-            image); off reads the pixels as stored. The model keeps it, so ``predict`` reads files alike.
-        high_depth: how 16-bit, 32-bit and float images become 8 bits: ``range`` (the default: each
-            image by its own minimum and maximum) or ``dtype`` (by the type's range, as an 8-bit file
-            is read: an 8-bit file and its 16-bit twin alike); `splitlab.model.images`. The model
-            keeps it, so ``predict`` reads files alike.
+        batch_size: images per batch.
+        **kwargs: `BaseDataModule`'s settings (``mean``, ``std``, ``num_workers``, ``exif_transpose``, ...).
     """
 
     object_annotations = True  # boxes and masks
+    square = "COCO detection"
 
     def __init__(
         self,
@@ -253,22 +246,11 @@ class CocoDetectionData(BaseDataModule):
         val_annotations: str = "annotations/instances_val2017.json",
         img_size: int | Sequence[int] = 1024,
         masks: bool = False,
-        mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
-        std: Sequence[float] = IMAGENET_DEFAULT_STD,
         batch_size: int = 2,
-        num_workers: int = 4,
-        shuffle_seed: int = 0,
-        strict: bool = False,
-        exif_transpose: bool = True,
-        high_depth: str = "range",
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
-        img_size = square_side(img_size, "COCO detection")
+        super().__init__(img_size=img_size, batch_size=batch_size, **kwargs)
         require_dir(root, "data.root")
-        check_high_depth(high_depth, "data.init_args.high_depth")
-        self.save_hyperparameters()
-        self.mean, self.std, self.img_size = tuple(mean), tuple(std), img_size
-        self.datasets: dict[str, Dataset] = {}
 
     def _subset(self, images: str, annotations: str, training: bool) -> Dataset:
         hp = self.hparams
@@ -334,7 +316,4 @@ class CocoDetectionData(BaseDataModule):
     @property
     def preprocessing(self) -> Preprocessing:
         """The model's input: the longer side to ``img_size``, padded square (bottom/right)."""
-        hp = self.hparams
-        return Preprocessing(
-            self.img_size, self.mean, self.std, exif_transpose=hp.exif_transpose, high_depth=hp.high_depth
-        )
+        return self.model_input()

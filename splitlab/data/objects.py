@@ -81,12 +81,12 @@ def centre_crop_box(
     return torch.minimum(moved.clamp(min=0), box.new_tensor([crop_w, crop_h, crop_w, crop_h]))
 
 
-def eval_resize(size: int | Sequence[int], crop_pct: float) -> int | tuple[int, int]:
+def eval_resize(img_size: int | Sequence[int], crop_pct: float) -> int | tuple[int, int]:
     """What timm's evaluation transform resizes to before its centre crop: the shorter side of a
     square input, each side of a non-square one."""
-    if isinstance(size, int):
-        return math.floor(size / crop_pct)
-    return math.floor(size[0] / crop_pct), math.floor(size[1] / crop_pct)
+    if isinstance(img_size, int):
+        return math.floor(img_size / crop_pct)
+    return math.floor(img_size[0] / crop_pct), math.floor(img_size[1] / crop_pct)
 
 
 class WithBoxes(Dataset):

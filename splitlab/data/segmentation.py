@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
@@ -24,14 +23,12 @@ from tqdm.auto import tqdm
 from splitlab.data.common import (
     UNREADABLE,
     BadSample,
-    BaseDataModule,
+    FolderOrHubData,
     SkipCorrupt,
-    check_source,
     image_source,
     require_dir,
-    square_side,
 )
-from splitlab.model.images import ImageDecoder, check_high_depth, decoded_size
+from splitlab.model.images import ImageDecoder, decoded_size
 from splitlab.model.preprocess import Preprocessing
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -183,7 +180,7 @@ def encode(
     return img, mask.as_subclass(torch.Tensor).long()
 
 
-class ADE20KData(BaseDataModule):
+class ADE20KData(FolderOrHubData):
     """ADE20K (or any dataset in its layout) for `SegmentationTask`.
 
     Training: random rescale (``scale_range`` of ``img_size``), random ``img_size`` crop (padded
@@ -191,68 +188,43 @@ class ADE20KData(BaseDataModule):
     square (padding is ignored by the metrics). The mIoU is therefore taken on masks at that
     resolution (nearest-neighbour resized), where mmseg's ADE20K evaluation resizes the logits
     back to each image's original size: close, but not digit for digit the published protocol.
+    Exactly one of ``root`` (with ``images/`` and ``annotations/``) and ``hf_dataset`` (e.g.
+    ``scene_parse_150``) is set.
 
     Args:
-        root: dataset root with ``images/`` and ``annotations/``.
-        hf_dataset: a Hugging Face dataset name or path instead (e.g. ``scene_parse_150``).
-        hf_config: its configuration name.
         image_column, label_column: HF columns.
         train_split, val_split: split folder names (``training``/``validation``).
-        predict_split: the split ``predict`` reads (default ``val_split``).
         num_classes: classes (150).
         ignore_index: label of unlabelled pixels.
         reduce_zero_label: raw 0 is "unlabelled" and classes start at 1 (ADE20K).
         img_size: square crop / evaluation size (the coarsest level need not divide it).
         scale_range: training rescale range.
-        mean, std: normalisation (the backbone's).
-        batch_size, num_workers, shuffle_seed: loader settings.
-        strict: stop at the first unusable sample (unreadable image, label above ``num_classes``,
-            mask size differing from its image) instead of skipping and counting it.
-        exif_transpose: read images upright by their EXIF orientation (masks drawn on the upright
-            image; masks themselves are read as stored); off reads the pixels as stored. The model
-            keeps it, so ``predict`` reads files alike.
-        high_depth: how 16-bit, 32-bit and float images become 8 bits: ``range`` (the default: each
-            image by its own minimum and maximum) or ``dtype`` (by the type's range, as an 8-bit file
-            is read: an 8-bit file and its 16-bit twin alike); `splitlab.model.images`. The model
-            keeps it, so ``predict`` reads files alike.
+        batch_size: images per batch.
+        **kwargs: `FolderOrHubData`'s (``root``, ``hf_dataset``, ...) and `BaseDataModule`'s settings.
     """
 
     object_annotations = True  # the masks
+    layout = "ADE20K layout"
+    square = "ADE20K segmentation"
 
     def __init__(
         self,
-        root: str | None = None,
-        hf_dataset: str | None = None,
-        hf_config: str | None = None,
         image_column: str = "image",
         label_column: str = "annotation",
         train_split: str = "training",
         val_split: str = "validation",
-        predict_split: str | None = None,
         num_classes: int = 150,
         ignore_index: int = 255,
         reduce_zero_label: bool = True,
         img_size: int | Sequence[int] = 512,
         scale_range: Sequence[float] = (0.5, 2.0),
-        mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
-        std: Sequence[float] = IMAGENET_DEFAULT_STD,
         batch_size: int = 16,
-        num_workers: int = 4,
-        shuffle_seed: int = 0,
-        strict: bool = False,
-        exif_transpose: bool = True,
-        high_depth: str = "range",
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
-        img_size = square_side(img_size, "ADE20K segmentation")
-        check_source(root, hf_dataset, "ADE20K layout")
-        check_high_depth(high_depth, "data.init_args.high_depth")
-        if root is not None:
+        super().__init__(img_size=img_size, batch_size=batch_size, **kwargs)
+        if self.hparams.root is not None:
             for sub in ("images", "annotations"):
-                require_dir(Path(root) / sub / train_split, f"data.root/{sub}/{train_split}")
-        self.save_hyperparameters()
-        self.mean, self.std, self.img_size = tuple(mean), tuple(std), img_size
-        self.datasets: dict[str, Dataset] = {}
+                require_dir(Path(self.hparams.root) / sub / train_split, f"data.root/{sub}/{train_split}")
 
     def transform(self, training: bool) -> Any:
         hp = self.hparams
@@ -321,15 +293,7 @@ class ADE20KData(BaseDataModule):
     def preprocessing(self) -> Preprocessing:
         """The model's input: the longer side to ``img_size``, padded square with black pixels
         (bottom/right; the mask with ``ignore_index``), then normalised."""
-        hp = self.hparams
-        return Preprocessing(
-            self.img_size,
-            self.mean,
-            self.std,
-            pad_fill="black",
-            exif_transpose=hp.exif_transpose,
-            high_depth=hp.high_depth,
-        )
+        return self.model_input(pad_fill="black")
 
     def setup(self, stage: str) -> None:
         hp = self.hparams

@@ -27,16 +27,14 @@ import torch
 from torch.utils.data import Dataset
 
 from splitlab.data.common import (
-    BaseDataModule,
+    FolderOrHubData,
     SkipCorrupt,
-    check_source,
     image_source,
     require_dir,
-    square_side,
     undecoded_images,
 )
 from splitlab.metrics.vqa import ANSWERS_PER_QUESTION, VQA_ANSWER_TYPES
-from splitlab.model.images import ImageDecoder, check_high_depth
+from splitlab.model.images import ImageDecoder
 from splitlab.model.preprocess import LETTERBOX_FILTERS, Preprocessing
 
 # OpenAI CLIP's normalisation (the usual VQA vision towers: CLIP / SigLIP-style ViTs at 336 px)
@@ -345,104 +343,71 @@ def collate(batch: list[tuple[torch.Tensor, dict[str, Any]]]) -> tuple[torch.Ten
     return torch.stack([b[0] for b in batch]), [b[1] for b in batch]
 
 
-class VQAv2Data(BaseDataModule):
+class VQAv2Data(FolderOrHubData):
     """VQAv2 for a vision-language task: one item per image with all its questions.
 
-    Exactly one of ``root`` (the official layout, see the module docstring) and ``hf_dataset``
-    (one row per question, as HuggingFaceM4/VQAv2: columns ``image``, ``question``,
-    ``question_id``, ``image_id``, ``answers`` (10 strings or ``{"answer": ...}`` dicts),
-    ``answer_type``, optionally ``question_type`` and ``multiple_choice_answer``) is set. Images are
-    resized (longer side to ``img_size``, bicubic with antialiasing as CLIP's image processor) and
-    padded to a square, never flipped or cropped: that would change the answer of "the square on the
-    left" or cut the object out.
+    Exactly one of ``root`` (the official layout, see the module docstring: the official files and
+    the ``{split}/`` image folders) and ``hf_dataset`` (one row per question, as HuggingFaceM4/VQAv2:
+    columns ``image``, ``question``, ``question_id``, ``image_id``, ``answers`` (10 strings or
+    ``{"answer": ...}`` dicts), ``answer_type``, optionally ``question_type`` and
+    ``multiple_choice_answer``) is set. Images are resized (longer side to ``img_size``, bicubic with
+    antialiasing as CLIP's image processor) and padded to a square, never flipped or cropped: that
+    would change the answer of "the square on the left" or cut the object out. The ``predict_split``
+    may have questions only (``test-dev2015``, ``test2015``), for the official server.
 
     Each item is ``(image (3, img_size, img_size), target)`` with target ``{"image_id": int,
     "question_ids": list[int], "questions": list[str], "answers": list[list[str]] (10 each),
     "answer_types": list[str], "question_types": list[str], "multiple_choice_answers": list[str]}``.
 
     Args:
-        root: folder with the official files and the ``{split}/`` image folders.
-        hf_dataset: Hugging Face dataset name or ``save_to_disk`` folder.
-        hf_config: dataset configuration name.
         train_split, val_split: split names (official: ``train2014``/``val2014``; HuggingFaceM4/VQAv2:
             ``train``/``validation``).
         img_size: square input size (the vision tower's).
         mean, std: normalisation (the vision tower's; OpenAI CLIP's by default).
         batch_size: images (not questions) per batch.
-        num_workers, shuffle_seed: loader settings.
-        strict: stop at the first unreadable image instead of skipping and counting it.
         max_questions: keep at most this many questions per image (the first by question_id) to
             bound the language side of a batch.
-        predict_split: the split ``predict`` answers (default ``val_split``); it may have questions
-            only (``test-dev2015``, ``test2015``), for the official server.
         pad: where the letterbox pads: ``corner`` (bottom/right) or ``centre`` (both sides evenly, as
             LLaVA-1.5's ``expand2square``: what a LLaVA projector and LM were trained on).
         interpolation: the resize filter, antialiased: ``bicubic`` (CLIP's image processor,
             ``resample=3``, which LLaVA-1.5 applies) or ``bilinear`` (splitlab before; checkpoints keep
             the one they were trained with).
-        exif_transpose: read images upright by their EXIF orientation ("the cup on the left" of a
-            phone photo is on the left as it was seen); off reads the pixels as stored. The model keeps
-            it, so ``predict`` reads files alike.
-        high_depth: how 16-bit, 32-bit and float images become 8 bits: ``range`` (the default: each
-            image by its own minimum and maximum) or ``dtype`` (by the type's range, as an 8-bit file
-            is read: an 8-bit file and its 16-bit twin alike); `splitlab.model.images`. The model
-            keeps it, so ``predict`` reads files alike.
+        **kwargs: `FolderOrHubData`'s (``root``, ``hf_dataset``, ...) and `BaseDataModule`'s settings.
     """
 
     test_key = "val"
+    layout = "the official VQAv2 files"
+    square = "VQAv2"
 
     def __init__(
         self,
-        root: str | None = None,
-        hf_dataset: str | None = None,
-        hf_config: str | None = None,
         train_split: str = "train2014",
         val_split: str = "val2014",
         img_size: int | Sequence[int] = 336,
         mean: Sequence[float] = CLIP_MEAN,
         std: Sequence[float] = CLIP_STD,
         batch_size: int = 8,
-        num_workers: int = 4,
-        shuffle_seed: int = 0,
-        strict: bool = False,
         max_questions: int | None = None,
-        predict_split: str | None = None,
         pad: str = "corner",
         interpolation: str = "bicubic",
-        exif_transpose: bool = True,
-        high_depth: str = "range",
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
-        img_size = square_side(img_size, "VQAv2")
-        check_high_depth(high_depth, "data.init_args.high_depth")
         if pad not in ("corner", "centre"):
             raise ValueError(f"data.pad={pad!r}: expected 'corner' or 'centre'")
         if interpolation not in LETTERBOX_FILTERS:
             raise ValueError(f"data.interpolation={interpolation!r}: expected 'bicubic' or 'bilinear'")
-        check_source(root, hf_dataset, "the official VQAv2 files")
-        if root is not None:
-            require_dir(root, "data.root")
+        super().__init__(img_size=img_size, mean=mean, std=std, batch_size=batch_size, **kwargs)
+        if self.hparams.root is not None:
+            require_dir(self.hparams.root, "data.root")
         if max_questions is not None and max_questions < 1:
             raise ValueError(f"data.max_questions={max_questions}: use at least 1 (or null for all)")
-        self.save_hyperparameters()
-        self.mean, self.std, self.img_size = tuple(mean), tuple(std), img_size
-        self.batch_size = batch_size
-        self.datasets: dict[str, Dataset] = {}
 
     @property
     def preprocessing(self) -> Preprocessing:
         """The model's input: the longer side to ``img_size`` (``interpolation``), normalised, padded
         square (with the mean colour) at ``pad``."""
         hp = self.hparams
-        return Preprocessing(
-            self.img_size,
-            self.mean,
-            self.std,
-            interpolation=hp.interpolation,
-            pad=hp.pad,
-            exif_transpose=hp.exif_transpose,
-            high_depth=hp.high_depth,
-        )
+        return self.model_input(interpolation=hp.interpolation, pad=hp.pad)
 
     def transform(self) -> Any:
         """The letterbox of `preprocessing`, on PIL images."""

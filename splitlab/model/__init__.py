@@ -4,7 +4,7 @@ No Lightning here: ``splitlab.load(path)`` gives a model that predicts on image 
 Hugging Face layout and exports, whatever trained it.
 """
 
-from splitlab.model.base import POLICIES, SplitModel, model_settings
+from splitlab.model.base import POLICIES, SplitModel
 from splitlab.model.load import load
 from splitlab.model.multitask import SplitMultiTask
 from splitlab.model.preprocess import PadTo, Placement, Preprocessing
@@ -22,5 +22,4 @@ __all__ = [
     "SplitSegmenter",
     "SplitVQA",
     "load",
-    "model_settings",
 ]

@@ -62,27 +62,6 @@ COMMON: dict[str, Any] = {
 }
 
 
-def model_settings(hparams: Mapping[str, Any], head_keys: Sequence[str]) -> dict[str, Any]:
-    """A `SplitModel` config from a task's settings (its hyperparameters): the common ones, the
-    budget range as its points, and the head's ``head_keys``."""
-    budget = float(hparams.get("target_fraction", COMMON["budget"]))
-    budgets = hparams.get("budgets")
-    points = (
-        budget_points(budgets, float(hparams.get("budget_step", 0.1))) if budgets is not None else [budget]
-    )
-    config = {k: copy.deepcopy(hparams[k]) for k in COMMON if k in hparams}
-    config.update(
-        budget=budget,
-        budget_points=points,
-        head={k: copy.deepcopy(hparams[k]) for k in head_keys if k in hparams},
-    )
-    config["backbone_kwargs"] = dict(config.get("backbone_kwargs") or {})
-    if config.get("policy") in DEPLOYS:  # the policy the model deploys: a transferred one is learned
-        config["policy"] = DEPLOYS[config["policy"]]
-    config["levels"] = list(config["levels"]) if config.get("levels") is not None else None
-    return config
-
-
 class SplitModel(nn.Module, HubWeights):
     """A trained SPLIT model: ``model(images, budget=None, max_fraction=None, policy=None)`` returns
     the task outputs and the `TokenLayout` they were computed on.
@@ -147,7 +126,7 @@ class SplitModel(nn.Module, HubWeights):
             levels,
             cfg["decision_dim"],
             cfg["decision_heads"],
-            budgets=points,
+            budget_points=points,
             see_descendants=cfg["decision_context"] == "descendants",
         )
         self.tokenizer.operating_points.check(budget)
@@ -181,7 +160,7 @@ class SplitModel(nn.Module, HubWeights):
         levels: Sequence[int] | None = None,
         task: str = "classification",
         budget: float = COMMON["budget"],
-        budgets: Sequence[float] | None = None,
+        budget_range: Sequence[float] | None = None,
         **settings: Any,
     ) -> SplitModel:
         """A SPLIT model around a timm ViT you already have, its weights copied (for a training loop
@@ -200,13 +179,14 @@ class SplitModel(nn.Module, HubWeights):
             vit: a timm `VisionTransformer` or `Eva`.
             levels: patch sizes, coarse to fine, ending at the ViT's own (None: the default ladder).
             task: ``classification`` (the timm head), or another task whose head is new.
-            budget: the budget deployed by default; ``budgets``: a conditioned policy's range.
+            budget: the budget deployed by default; ``budget_range``: a conditioned policy's range
+                (``[lowest, highest]`` or ``[lowest, highest, step]``).
             **settings: further `SplitModel` settings (``decision_dim``, ``decision_context``,
                 ``backbone_kwargs``, ``head``, ...).
         """
         # the parameters are built outside inference mode (a ViT built inside it is read, not trained)
         with torch.inference_mode(False):
-            return cls._from_timm(vit, levels, task, budget, budgets, **settings)
+            return cls._from_timm(vit, levels, task, budget, budget_range, **settings)
 
     @classmethod
     def _from_timm(
@@ -215,7 +195,7 @@ class SplitModel(nn.Module, HubWeights):
         levels: Sequence[int] | None,
         task: str,
         budget: float,
-        budgets: Sequence[float] | None,
+        budget_range: Sequence[float] | None,
         **settings: Any,
     ) -> SplitModel:
         name = architecture(vit)
@@ -224,7 +204,7 @@ class SplitModel(nn.Module, HubWeights):
         head = dict(settings.pop("head", None) or {})
         if task == "classification":
             head = {"num_classes": int(vit.num_classes), "global_pool": vit.global_pool, **head}
-        points = budget_points(budgets, float(settings.pop("budget_step", 0.1))) if budgets else [budget]
+        points = budget_points(budget_range) if budget_range else [budget]
         config = {
             **settings,
             "task": task,
@@ -295,7 +275,7 @@ class SplitModel(nn.Module, HubWeights):
         return cap_fraction(max_tokens, coarse, finest)
 
     @staticmethod
-    def check_cap(max_fraction: float | None, budget: float, budget_setting: str = "target_fraction") -> None:
+    def check_cap(max_fraction: float | None, budget: float, budget_setting: str = "budget") -> None:
         """Refuse a hard cap below the deployed budget: every image would be held under the budget,
         so the mean could not meet it (measured: capped at 0.3, a budget of 0.5 realised 0.279). The
         one wording of this refusal: construction (the recipes), `set_deployment`, `check_call`."""
@@ -308,8 +288,8 @@ class SplitModel(nn.Module, HubWeights):
 
     def set_deployment(self, budget: float | None = None, max_fraction: float | None = None) -> None:
         """Change the budget this model deploys by default and its hard cap (kept when saved)."""
-        cap = self.config["max_fraction"] if max_fraction is None else max_fraction
-        self.check_cap(cap, self.budget if budget is None else budget, "budget")
+        deployed = self.config["max_fraction"] if max_fraction is None else max_fraction
+        self.check_cap(deployed, self.budget if budget is None else budget, "budget")
         if budget is not None:
             self.budget = self.tokenizer.operating_points.check(
                 self.levels.check_fraction(budget, "budget"), "budget"
@@ -417,15 +397,17 @@ class SplitModel(nn.Module, HubWeights):
         policy = self.check_call(budget, max_fraction, policy)
         budget = self.budget if budget is None else budget
         if max_fraction is not None:
-            cap = self.cap_tokens(max_fraction, "max_fraction")
+            max_tokens = self.cap_tokens(max_fraction, "max_fraction")
         else:
-            cap = self.max_tokens if policy in ("learned", self.policy) else None
+            max_tokens = self.max_tokens if policy in ("learned", self.policy) else None
         if policy == "learned":
-            return self.tokenizer(images, self.backbone, mode="threshold", budget=budget, max_tokens=cap)
+            return self.tokenizer(
+                images, self.backbone, mode="threshold", budget=budget, max_tokens=max_tokens
+            )
         generator = torch.Generator(images.device).manual_seed(seed)
         scores, threshold = self.scores(policy, images, float(budget), generator)
         return self.tokenizer(
-            images, self.backbone, mode="scores", scores=scores, threshold=threshold, max_tokens=cap
+            images, self.backbone, mode="scores", scores=scores, threshold=threshold, max_tokens=max_tokens
         )
 
     def backbone_indices(self) -> int | Sequence[int] | None:

@@ -32,7 +32,9 @@ class StaticWalk(nn.Module):
         self.model, self.max_tokens, self.budget = model, int(max_tokens), float(budget)
         points = model.tokenizer.operating_points
         points.check(budget, "budget")
-        cut = points.cut(torch.tensor([budget], device=points.cuts.device), model.cap_limit(max_tokens))
+        cut = points.cut(
+            torch.tensor([budget], device=points.cuts.device), max_fraction=model.cap_limit(max_tokens)
+        )
         self.register_buffer("cut", cut.reshape(()).detach().clone())
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -83,11 +85,11 @@ class StaticSplit(nn.Module):
                 "would need each token's rotation per image (see docs/inference.md)"
             )
         model.check_call(budget, max_fraction, "learned")  # a cap under the budget, refused as everywhere
-        cap = model.cap_tokens(max_fraction) if max_fraction is not None else model.max_tokens
+        max_tokens = model.cap_tokens(max_fraction) if max_fraction is not None else model.max_tokens
         finest = model.levels.grid(model.levels.num - 1, model.backbone.img_size)
-        cap = finest[0] * finest[1] if cap is None else cap
+        max_tokens = finest[0] * finest[1] if max_tokens is None else max_tokens
         self.model = model
-        self.walk = StaticWalk(model, model.budget if budget is None else budget, cap)
+        self.walk = StaticWalk(model, model.budget if budget is None else budget, max_tokens)
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
         model = self.model

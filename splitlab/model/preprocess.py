@@ -74,14 +74,14 @@ class Placement:
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """How an image of any size becomes the network's ``size`` x ``size`` input.
+    """How an image of any size becomes the network's ``img_size`` x ``img_size`` input.
 
     Attributes:
-        size: the input side in pixels, or ``(height, width)`` of a non-square input (``crop`` only:
+        img_size: the input side in pixels, or ``(height, width)`` of a non-square input (``crop`` only:
             timm's transform resizes keeping the aspect ratio to cover it, then crops its centre).
         mean, std: normalisation of pixels in ``[0, 1]``.
-        resize: ``crop`` (timm's evaluation transform: the shorter side to ``size / crop_pct``,
-            then a centre crop; classification) or ``letterbox`` (the longer side to ``size``, then
+        resize: ``crop`` (timm's evaluation transform: the shorter side to ``img_size / crop_pct``,
+            then a centre crop; classification) or ``letterbox`` (the longer side to ``img_size``, then
             padding to a square; detection, segmentation, VQA: nothing is cut off).
         interpolation: the resize filter: of ``crop``, timm's names; of ``letterbox``, ``bilinear``
             (the default, as the detection and segmentation data modules always did) or ``bicubic``
@@ -97,7 +97,7 @@ class Preprocessing:
             ``dtype`` (by the type's range, as an 8-bit file is read); `splitlab.model.images`.
     """
 
-    size: int | tuple[int, int]
+    img_size: int | tuple[int, int]
     mean: tuple[float, ...] = (0.485, 0.456, 0.406)
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
     resize: str = "letterbox"
@@ -109,11 +109,13 @@ class Preprocessing:
     high_depth: str = "range"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int):  # [h, w] from config.json, or (h, w); a square is its side
-            sides = tuple(int(v) for v in self.size)
+        if not isinstance(self.img_size, int):  # [h, w] from config.json, or (h, w); a square is its side
+            sides = tuple(int(v) for v in self.img_size)
             if len(sides) != 2:
-                raise ValueError(f"preprocessing size={list(self.size)}: give a side or [height, width]")
-            object.__setattr__(self, "size", sides[0] if sides[0] == sides[1] else sides)
+                raise ValueError(
+                    f"preprocessing img_size={list(self.img_size)}: give a side or [height, width]"
+                )
+            object.__setattr__(self, "img_size", sides[0] if sides[0] == sides[1] else sides)
         object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
         object.__setattr__(self, "std", tuple(float(s) for s in self.std))
         for name, value, allowed in (
@@ -124,10 +126,10 @@ class Preprocessing:
             if value not in allowed:
                 raise ValueError(f"preprocessing {name}={value!r}: expected one of {allowed}")
         if min(self.shape) < 1:
-            raise ValueError(f"preprocessing size={self.size}: must be positive")
+            raise ValueError(f"preprocessing img_size={self.img_size}: must be positive")
         if self.resize == "letterbox" and self.shape[0] != self.shape[1]:
             raise ValueError(
-                f"preprocessing size={list(self.shape)}: the letterbox pads to a square (detection, "
+                f"preprocessing img_size={list(self.shape)}: the letterbox pads to a square (detection, "
                 "segmentation, VQA); a non-square input is a classifier's (resize: crop)"
             )
         if not isinstance(self.exif_transpose, bool):
@@ -151,13 +153,13 @@ class Preprocessing:
     @property
     def shape(self) -> tuple[int, int]:
         """``(height, width)`` of the network input."""
-        return (self.size, self.size) if isinstance(self.size, int) else self.size
+        return (self.img_size, self.img_size) if isinstance(self.img_size, int) else self.img_size
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)
         values["mean"], values["std"] = list(self.mean), list(self.std)
-        if not isinstance(self.size, int):
-            values["size"] = list(self.size)
+        if not isinstance(self.img_size, int):
+            values["img_size"] = list(self.img_size)
         return values
 
     # ----------------------------------------------------------------------------- transforms
@@ -170,10 +172,10 @@ class Preprocessing:
         if self.resize != "letterbox":
             raise ValueError("transforms() is the letterbox's; crop preprocessing is image_transform")
         normalise = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
-        pad = PadTo(self.size, mask_fill, centre=self.pad == "centre")
+        pad = PadTo(self.img_size, mask_fill, centre=self.pad == "centre")
         resize = v2.Resize(
             size=None,
-            max_size=self.size,
+            max_size=self.img_size,
             interpolation=v2.InterpolationMode(self.interpolation),
             antialias=True,
         )
@@ -182,7 +184,7 @@ class Preprocessing:
 
     @cached_property
     def image_transform(self) -> Any:
-        """PIL image -> ``(3, size, size)`` normalised tensor (built once)."""
+        """PIL image -> ``(3, img_size, img_size)`` normalised tensor (built once)."""
         if self.resize == "crop":
             from timm.data import create_transform
 
@@ -203,12 +205,12 @@ class Preprocessing:
         if self.resize == "crop":
             return Placement(width, height, 1.0, resized=self.shape)
         long, short = max(width, height), min(width, height)
-        new_short = int(self.size * short / long)  # torchvision's size for max_size alone
-        new_w, new_h = (self.size, new_short) if width >= height else (new_short, self.size)
+        new_short = int(self.img_size * short / long)  # torchvision's size for max_size alone
+        new_w, new_h = (self.img_size, new_short) if width >= height else (new_short, self.img_size)
         left, top = (0, 0)
         if self.pad == "centre":
-            left, top = (self.size - new_w) // 2, (self.size - new_h) // 2
-        return Placement(width, height, self.size / long, left, top, (new_h, new_w))
+            left, top = (self.img_size - new_w) // 2, (self.img_size - new_h) // 2
+        return Placement(width, height, self.img_size / long, left, top, (new_h, new_w))
 
     def __call__(self, image: Image.Image) -> tuple[Tensor, Placement]:
         """One PIL image of any mode (decoded as the readers decode files: `decode_image`, upright as

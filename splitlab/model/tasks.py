@@ -229,7 +229,7 @@ class SplitVQA(SplitModel):
     task = "vqa"
     head_keys = (
         "lm",
-        "tokenizer",
+        "lm_tokenizer",
         "prompt",
         "feature_block",
         "token_order",
@@ -241,7 +241,7 @@ class SplitVQA(SplitModel):
 
     def build_head(self, settings: dict[str, Any]) -> VQAHead:
         lm = settings.get("lm", "llava-hf/llava-1.5-7b-hf")
-        text = build_tokenizer(settings.get("tokenizer", "llava-hf/llava-1.5-7b-hf"))
+        text = build_tokenizer(settings.get("lm_tokenizer", "llava-hf/llava-1.5-7b-hf"))
         train_lm = bool(settings.get("train_lm", False))
         language, projector = build_language_model(
             lm, vocab_size=len(text), dtype=torch.float32 if train_lm else None
@@ -310,15 +310,15 @@ class SplitVQA(SplitModel):
 
     def save_files(self, directory: Path, config: dict[str, Any]) -> dict[str, Any]:
         """A word-list tokenizer (``vocab.json``) is copied next to the weights."""
-        name = config["head"].get("tokenizer", "")
+        name = config["head"].get("lm_tokenizer", "")
         if isinstance(name, str) and name.endswith(".json") and Path(name).is_file():
             shutil.copyfile(name, directory / "vocab.json")
-            config["head"].update(tokenizer="vocab.json", tokenizer_file="vocab.json")
+            config["head"].update(lm_tokenizer="vocab.json", lm_tokenizer_file="vocab.json")
         return config
 
     @staticmethod
     def resolve_files(config: dict[str, Any], fetch: Any) -> dict[str, Any]:
         head = dict(config.get("head") or {})
-        if head.get("tokenizer_file"):
-            head["tokenizer"] = fetch(head.pop("tokenizer_file"))
+        if head.get("lm_tokenizer_file"):
+            head["lm_tokenizer"] = fetch(head.pop("lm_tokenizer_file"))
         return {**config, "head": head}

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 
-@dataclass
+@dataclass(frozen=True)
 class PPOConfig:
     """PPO settings (defaults from what kept the prototype stable; see the base task).
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any, ClassVar
 
 import torch
@@ -13,15 +15,47 @@ from torchmetrics import MetricCollection
 from splitlab.backbone import PackedViT
 from splitlab.lightning_private import attached_trainer
 from splitlab.metrics import PolicyStats
-from splitlab.model import SplitModel, model_settings
+from splitlab.model import SplitModel
 from splitlab.model.base import DEPLOYS
 from splitlab.rl import BudgetSampler, FractionController, PPOConfig
 from splitlab.tasks.calibration import Calibration
-from splitlab.tasks.evaluation import PolicyEvaluation, check_baselines, slot
+from splitlab.tasks.evaluation import PolicyEvaluation, slot
+from splitlab.tasks.settings import (
+    GROUPS,
+    ControllerSettings,
+    EvaluationSettings,
+    OptimSettings,
+    PolicyOptions,
+    TokenizerSettings,
+    WarmStartSettings,
+    settings_of,
+)
 from splitlab.tasks.state import SamplingStream, TaskState
-from splitlab.tasks.training import Stage, StageTraining, check_warm_start
+from splitlab.tasks.training import Stage, StageTraining
 from splitlab.tasks.transfer import check_policy, transferred_decision
-from splitlab.tokenizer import LabelEmbedding, Levels, SplitTokenizer, TokenLayout
+from splitlab.tokenizer import LabelEmbedding, Levels, SplitTokenizer, TokenLayout, budget_points
+
+
+def model_config(hparams: Mapping[str, Any], head_keys: Sequence[str]) -> dict[str, Any]:
+    """The `SplitModel` config (config.json's flat names) of a task's settings: the backbone and
+    tokenizer, the budget range as its points, the deployed policy, and the head's ``head_keys``."""
+    kwargs = copy.deepcopy(dict(hparams["backbone_kwargs"] or {}))
+    tokenizer: TokenizerSettings = hparams["tokenizer"]
+    budget, budget_range = float(hparams["budget"]), hparams["budget_range"]
+    config = {
+        "backbone": hparams["backbone"],
+        "pretrained": hparams["pretrained"],
+        # timm's local weights and PackedViT's backend: config.json keeps them apart from timm's sizes
+        **{key: kwargs.pop(key) for key in ("checkpoint_path", "attn_backend") if key in kwargs},
+        "backbone_kwargs": kwargs,
+        **asdict(tokenizer),
+        "budget": budget,
+        "budget_points": budget_points(budget_range) if budget_range is not None else [budget],
+        "max_fraction": hparams["max_fraction"],
+        "policy": DEPLOYS.get(hparams["policy"], hparams["policy"]),  # a transferred policy is learned
+        "head": {k: copy.deepcopy(hparams[k]) for k in head_keys if k in hparams},
+    }
+    return config
 
 
 class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, LightningModule):
@@ -50,116 +84,62 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         self,
         backbone: str = "vit_tiny_patch16_224",
         pretrained: bool = False,
-        checkpoint_path: str = "",
         backbone_kwargs: dict[str, Any] | None = None,
-        levels: Sequence[int] | None = None,
-        target_fraction: float = 0.7,
-        budgets: Sequence[float] | None = None,
-        budget_step: float = 0.1,
+        tokenizer: TokenizerSettings = TokenizerSettings(),
+        budget: float = 0.7,
+        budget_range: Sequence[float] | None = None,
         max_fraction: float | None = None,
-        eval_budgets: Sequence[float] | None = (),
-        calibration_images: int = 512,
-        decision_dim: int = 128,
-        decision_heads: int = 4,
-        decision_context: str = "children",
-        attn_backend: str = "auto",
-        lr: float = 1e-4,
-        weight_decay: float = 0.05,
-        warmup_steps: int = 0,
-        policy_lr: float = 3e-4,
-        imitation_lr: float = 1e-3,
-        imitation_weight: float = 1.0,
-        imitation_steps: int = 1,
-        teacher_forcing: float = 0.5,
-        warm_start_finetune: bool = True,
-        label_target: str = "initial",
-        label_source: str = "embedding",
-        grad_clip: float = 1.0,
-        ppo: PPOConfig | None = None,
-        lambda_lr: float = 0.1,
-        lambda_gain: float = 0.5,
-        lambda_damping: float = 0.0,
-        lambda_init: float = 0.0,
         policy: str = "learned",
-        policy_checkpoint: str | None = None,
-        transfer_finetune: bool = False,
-        entropy_thresholds: Sequence[float] | None = None,
-        apt_search: str = "metric",
-        eval_baselines: Sequence[str] | None = ("uniform", "random", "entropy"),
+        policy_options: PolicyOptions = PolicyOptions(),
+        evaluation: EvaluationSettings = EvaluationSettings(),
+        optim: OptimSettings = OptimSettings(),
+        warm_start: WarmStartSettings = WarmStartSettings(),
+        ppo: PPOConfig = PPOConfig(),
+        controller: ControllerSettings = ControllerSettings(),
         init_checkpoint: str | None = None,
-        sampling_seed: int = 0,
     ) -> None:
-        """Settings (docs/budgets.md, comparison.md and detection.md measure them).
+        """Settings (docs/budgets.md, comparison.md and detection.md measure them); each group's
+        fields are documented on its dataclass (`splitlab.tasks.settings`, `splitlab.rl.PPOConfig`).
 
         Args:
             backbone: timm model name (a ViT or an EVA-02).
             pretrained: load timm's pretrained weights (needs the hub or its cache).
-            checkpoint_path: local backbone weights for offline machines.
-            backbone_kwargs: extra ``timm.create_model`` arguments (``img_size``, ``depth``, ...).
-            levels: patch sizes coarse to fine; default: up to 3 levels that divide the image.
-            target_fraction: the token budget: the mean token fraction training aims at and
-                evaluation, test and predict deploy.
-            budgets: ``[lowest, highest]``: one budget-conditioned policy for every budget in this
-                range (points ``budget_step`` apart, one drawn per batch); None: ``target_fraction`` only.
-            budget_step: spacing of the training budget points.
+            backbone_kwargs: extra ``timm.create_model`` arguments (``img_size``, ``depth``, a local
+                ``checkpoint_path`` for offline machines) and `PackedViT`'s ``attn_backend``.
+            tokenizer: levels and decision module (`TokenizerSettings`).
+            budget: the mean token fraction training aims at and evaluation, test and predict deploy.
+            budget_range: ``[lowest, highest]`` (or ``[lowest, highest, step]``, step 0.1 by default):
+                one budget-conditioned policy for every budget in this range (one point drawn per
+                batch); None: ``budget`` only.
             max_fraction: hard cap on any image's token fraction at inference (None: no cap).
-            eval_budgets: further budgets the learned policy is evaluated at, each with the baselines.
-            calibration_images: training images that set the deployed cuts before each validation
-                of a fit (0: the running average of training batches only).
-            decision_dim: width of the decision module.
-            decision_heads: heads of its cross-attention.
-            decision_context: what a patch's decision reads: its ``children`` (the paper's) or its
-                ``descendants`` (also the finest patches under it, the detail they alone resolve).
-            attn_backend: packed-attention backend (``auto`` picks the fastest available).
-            lr: learning rate of backbone, head and embeddings (dense and warm-start stages).
-            weight_decay: AdamW weight decay (not on biases, norms, tokens and position embeddings).
-            warmup_steps: linear warm-up steps of the task learning rate (then cosine to 0).
-            policy_lr: learning rate of the decision module in PPO (small: λ must keep up).
-            imitation_lr: learning rate of the decision module in the warm start.
-            imitation_weight: weight of the warm-start BCE.
-            imitation_steps: decision-module updates per warm-start batch (the extra ones re-run it alone).
-            teacher_forcing: share of warm-start images laid out by the imitation labels instead of
-                a sample of the policy.
-            warm_start_finetune: fine-tune backbone, head and embeddings in the warm start (the
-                paper); false trains the decision module alone.
-            label_target: the patch embedding the imitation labels read: ``initial`` (a frozen copy
-                as the warm start began) or ``live`` (the one being fine-tuned).
-            label_source: what the warm start imitates: ``embedding`` differences (the paper's) or
-                ``annotations`` (the oracle's layout from the data's boxes or masks: `annotated_cells`).
-            grad_clip: gradient-norm clip of the task update.
-            ppo: PPO settings.
-            lambda_lr: integral step of the fraction controller.
-            lambda_gain: proportional gain of the fraction controller.
-            lambda_damping: derivative gain of the fraction controller.
-            lambda_init: starting λ.
             policy: the layout policy this run trains and deploys: ``learned`` (SPLIT), ``entropy``
                 (APT, fine-tuned on its layouts in the warm start, no PPO), ``random``, or
-                ``transferred`` (``policy_checkpoint``'s decision module, frozen; docs/reuse.md).
-            policy_checkpoint: the run a ``transferred`` policy comes from (folder, .ckpt, save_pretrained).
-            transfer_finetune: PPO's epochs fine-tune a ``transferred`` policy (false: they cost nothing).
-            entropy_thresholds: with ``policy: entropy``, APT's own per-level thresholds in bits,
-                coarse to fine (APT lists them fine to coarse); null: cuts that meet ``target_fraction``.
-            apt_search: how those cuts are set: ``metric`` (the lowest task loss at the budget on the
-                calibration sample) or ``quantile`` (the same share of every level split).
-            eval_baselines: rows beside the learned layout at its fraction (``oracle``: the annotations').
+                ``transferred`` (another run's decision module, frozen; docs/reuse.md).
+            policy_options: what only some policies read (`PolicyOptions`: the transferred policy's
+                run, APT's thresholds and search, the sampling seed).
+            evaluation: further budgets and baseline rows, calibration sample (`EvaluationSettings`).
+            optim: learning rates, weight decay, warm-up, clipping (`OptimSettings`).
+            warm_start: imitation labels and their weight, teacher forcing (`WarmStartSettings`).
+            ppo: PPO settings (`PPOConfig`).
+            controller: the fraction controller's gains (`ControllerSettings`).
             init_checkpoint: weights to start from (a splitlab checkpoint, e.g. a ``dense`` run).
-            sampling_seed: seed of the policy's sampling generator (its state is checkpointed).
         """
         super().__init__()
         self.save_hyperparameters()
-        self.hparams.eval_budgets = list(eval_budgets or [])  # `null` means none, as `[]` does
-        self.hparams.eval_baselines = eval_baselines = list(eval_baselines or [])
+        hp = self.hparams
+        for group, cls in (*GROUPS.items(), ("ppo", PPOConfig)):  # a recipe's or checkpoint's mapping
+            hp[group] = settings_of(cls, hp[group], group)
+        hp.budget_range = list(budget_range) if budget_range is not None else None
         self.automatic_optimization = False
-        check_policy(policy, budgets, policy_checkpoint, transfer_finetune)
-        check_warm_start(label_target, label_source, imitation_steps)
-        check_baselines(eval_baselines)
-        # PPO's settings: a PPOConfig, or a checkpoint's (or a recipe's) dict of them
-        self.ppo = PPOConfig(**ppo) if isinstance(ppo, dict) else (ppo or PPOConfig())
+        options = hp.policy_options
+        check_policy(policy, budget_range, options.policy_checkpoint, options.transfer_finetune)
+        self.ppo = hp.ppo
         self.stage: Stage = "warm_start"
-        self.sampling = SamplingStream(sampling_seed)
+        self.sampling = SamplingStream(options.sampling_seed)
         self.configure_models()
         if policy == "transferred":  # another run's decision module, deployed frozen
-            self.tokenizer.decision.load_state_dict(transferred_decision(policy_checkpoint, self.model))
+            weights = transferred_decision(options.policy_checkpoint, self.model)
+            self.model.tokenizer.decision.load_state_dict(weights)
         self.check_apt()
         self.sync_deployed()
         self.configure_metrics()
@@ -170,17 +150,17 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     def configure_models(self) -> None:
         """The deployable model (`SplitModel`: backbone, tokenizer, head) and the fraction controller."""
         hp = self.hparams
-        self.model = self.model_class(model_settings(hp, self.model_class.head_keys))
+        self.model = self.model_class(model_config(hp, self.model_class.head_keys))
         self.label_embedding = LabelEmbedding(self.backbone.model.patch_embed)  # the warm start's target
         points = self.model.tokenizer.operating_points.budgets.tolist()
         self.check_budgets()
         self.budget_sampler = BudgetSampler(len(points))
         self.controller = FractionController(  # λ per budget point
             points,
-            hp.lambda_lr,
-            hp.lambda_gain,
-            hp.lambda_damping,
-            lambda_init=hp.lambda_init,
+            hp.controller.lr,
+            hp.controller.gain,
+            hp.controller.damping,
+            lambda_init=hp.controller.init,
             reduce=self.mean_over_ranks,
         )
 
@@ -202,7 +182,7 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         return self.model.levels
 
     @property
-    def target_fraction(self) -> float:
+    def budget(self) -> float:
         """The budget training aims at and inference deploys: the model's (one copy, kept there)."""
         return self.model.budget
 

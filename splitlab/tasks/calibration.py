@@ -37,14 +37,14 @@ class Calibration:
         """Refuse evaluation budgets the policy cannot serve, at construction: before any weights load
         or data is read (the model has checked the deployed budget and the cap)."""
         hp = self.hparams
-        for budget in hp.eval_budgets:
-            if hp.budgets is None and abs(budget - self.target_fraction) > 1e-6:
-                # worded from the settings: when target_fraction overrides a checkpoint's, the
+        for budget in hp.evaluation.eval_budgets:
+            if hp.budget_range is None and abs(budget - self.budget) > 1e-6:
+                # worded from the settings: when budget overrides a checkpoint's, the
                 # policy's own budget is not known here (on_load_checkpoint names it)
                 raise ValueError(
-                    f"eval_budgets={budget:g}: a policy trained for one budget (budgets: null) is "
-                    "evaluated at its target_fraction only; train a budget-conditioned policy "
-                    "(model.init_args.budgets: [lowest, highest]) to serve others"
+                    f"evaluation.eval_budgets={budget:g}: a policy trained for one budget (budget_range: "
+                    "null) is evaluated at its budget only; train a budget-conditioned policy "
+                    "(model.init_args.budget_range: [lowest, highest]) to serve others"
                 )
             self.tokenizer.operating_points.check(budget, "eval_budgets")
             self.model.check_cap(hp.max_fraction, budget, "eval_budgets")
@@ -62,12 +62,16 @@ class Calibration:
         With ``policy: entropy`` APT's fixed per-level entropy cuts are set once (`set_apt_cuts`; its
         metric search runs backbone and head on the sample too).
         """
-        count = int(self.hparams.calibration_images)
+        count = int(self.hparams.evaluation.calibration_images)
         learned = self.deployed_policy == "learned"
         apt = self.apt_pending()
-        if apt and self.hparams.entropy_thresholds is not None:  # APT's own thresholds: no calibration
-            self.model.apt_cuts.copy_(cuts_from_thresholds(self.hparams.entropy_thresholds, self.levels))
-            self.model.apt_fraction.fill_(self.target_fraction)
+        if (
+            apt and self.hparams.policy_options.entropy_thresholds is not None
+        ):  # APT's own thresholds: no calibration
+            self.model.apt_cuts.copy_(
+                cuts_from_thresholds(self.hparams.policy_options.entropy_thresholds, self.levels)
+            )
+            self.model.apt_fraction.fill_(self.budget)
         sample = self.calibration_sample(count) if count > 0 and (learned or apt) else None
         if sample is None:
             return
@@ -106,29 +110,29 @@ class Calibration:
         batch a ``{name: batch}`` of one loader, as the combined loader's batches name them."""
         loaders = self.trainer.train_dataloader if attached_trainer(self) is not None else None
         if isinstance(loaders, DataLoader):
-            return _seeded_sample(loaders, count, int(self.hparams.sampling_seed))
+            return _seeded_sample(loaders, count, int(self.hparams.policy_options.sampling_seed))
         if not isinstance(loaders, dict) or not loaders:
             return None
         if not all(isinstance(loader, DataLoader) for loader in loaders.values()):
             return None
         share = max(count // len(loaders), 1)
-        seed = int(self.hparams.sampling_seed)
+        seed = int(self.hparams.policy_options.sampling_seed)
         return NamedBatches({name: _seeded_sample(loader, share, seed) for name, loader in loaders.items()})
 
     # ----------------------------------------------------------------------------- APT trained in the pipeline
     def check_apt(self) -> None:
         """Refuse APT settings that cannot take effect, at construction (before data or weights load)."""
         hp = self.hparams
-        if hp.apt_search not in APT_SEARCHES:
-            raise ValueError(f"apt_search={hp.apt_search!r}: expected one of {APT_SEARCHES}")
-        if hp.entropy_thresholds is None:
+        if hp.policy_options.apt_search not in APT_SEARCHES:
+            raise ValueError(f"apt_search={hp.policy_options.apt_search!r}: expected one of {APT_SEARCHES}")
+        if hp.policy_options.entropy_thresholds is None:
             return
         if hp.policy != "entropy":
             raise ValueError(
-                f"entropy_thresholds={list(hp.entropy_thresholds)} fixes the cuts of APT trained in the pipeline, "
+                f"entropy_thresholds={list(hp.policy_options.entropy_thresholds)} fixes the cuts of APT trained in the pipeline, "
                 f"but this run trains policy={hp.policy!r}: set policy: entropy, or remove entropy_thresholds"
             )
-        check_entropy_thresholds(hp.entropy_thresholds, self.levels)
+        check_entropy_thresholds(hp.policy_options.entropy_thresholds, self.levels)
 
     def apt_pending(self) -> bool:
         """Whether APT, the trained policy, still needs its cuts for the deployed budget.
@@ -139,9 +143,9 @@ class Calibration:
         pixels only and are set at once.
         """
         hp = self.hparams
-        if hp.policy != "entropy" or self.model.apt_ready(self.target_fraction):
+        if hp.policy != "entropy" or self.model.apt_ready(self.budget):
             return False
-        searched = hp.entropy_thresholds is None and hp.apt_search == "metric"
+        searched = hp.policy_options.entropy_thresholds is None and hp.policy_options.apt_search == "metric"
         return not (searched and self.stage == "dense")
 
     def set_apt_cuts(self, sample: DataLoader, entropies: list[list[Tensor]]) -> None:
@@ -158,25 +162,25 @@ class Calibration:
         per_level = [torch.cat(level) for level in zip(*entropies, strict=True)]
         finest = self.levels.finest_grid(self.backbone.img_size)
         how = "entropy_thresholds"
-        if hp.entropy_thresholds is None:
-            if hp.apt_search == "quantile":
-                cuts, how = level_thresholds(per_level, self.target_fraction, finest), "same-quantile cuts"
+        if hp.policy_options.entropy_thresholds is None:
+            if hp.policy_options.apt_search == "quantile":
+                cuts, how = level_thresholds(per_level, self.budget, finest), "same-quantile cuts"
             else:
                 started = time.perf_counter()
                 cuts, records = search_level_cuts(
                     per_level,
-                    self.target_fraction,
+                    self.budget,
                     lambda candidates: self.apt_losses(sample, entropies, candidates),
                     finest=finest,
                 )
                 how = f"{describe_search(records)}, {time.perf_counter() - started:.1f} s"
             self.model.apt_cuts.copy_(self.mean_over_ranks(cuts))
-            self.model.apt_fraction.fill_(self.target_fraction)
+            self.model.apt_fraction.fill_(self.budget)
         fraction = float(layout_fraction(per_level, self.model.apt_cuts, finest).mean())
         rank_zero_info(
             f"splitlab: APT's cuts {[round(c, 3) for c in self.model.apt_cuts.tolist()]} bits for the "
             f"{list(self.levels.sizes[:-1])} px patches ({how}): token fraction {fraction:.3f} on "
-            f"{per_level[0].shape[0]} calibration images (budget {self.target_fraction:g})"
+            f"{per_level[0].shape[0]} calibration images (budget {self.budget:g})"
         )
 
     def apt_losses(

@@ -11,16 +11,7 @@ from torch import Tensor
 
 from splitlab.metrics import timed
 from splitlab.report import format_table, summary_record, write_summary
-from splitlab.tokenizer import BASELINES, TokenLayout, annotation_labels
-
-EVAL_BASELINES = (*BASELINES, "oracle")  # the oracle reads the annotations: a row, never a deployed policy
-
-
-def check_baselines(eval_baselines: list[str]) -> None:
-    """Refuse an evaluation baseline that does not exist, naming those that do."""
-    unknown = [b for b in eval_baselines if b not in EVAL_BASELINES]
-    if unknown:
-        raise ValueError(f"eval_baselines={eval_baselines}: unknown {unknown}; choose from {EVAL_BASELINES}")
+from splitlab.tokenizer import TokenLayout, annotation_labels
 
 
 def slot(name: str) -> str:
@@ -45,7 +36,7 @@ class PolicyEvaluation:
     def policy_names(self) -> list[str]:
         """Rows of the comparison: the learned policy and each baseline, then the same at every
         further evaluation budget (the uniform grid has no budget: it appears once)."""
-        baselines = list(self.hparams.eval_baselines)
+        baselines = list(self.hparams.evaluation.eval_baselines)
         names = ["learned", *baselines]
         for budget in self.extra_budgets:
             names += [n + at(budget) for n in ("learned", *baselines) if n != "uniform"]
@@ -53,8 +44,8 @@ class PolicyEvaluation:
 
     @property
     def extra_budgets(self) -> list[float]:
-        """The evaluation budgets besides ``target_fraction``."""
-        return [float(b) for b in self.hparams.eval_budgets if abs(b - self.target_fraction) > 1e-9]
+        """The evaluation budgets besides ``budget``."""
+        return [float(b) for b in self.hparams.evaluation.eval_budgets if abs(b - self.budget) > 1e-9]
 
     def evaluates_baselines(self) -> bool:
         trainer = self.trainer
@@ -69,7 +60,7 @@ class PolicyEvaluation:
         stats = getattr(self, f"{split}_stats")
         full = self.evaluates_baselines()
         extra = full and self.deployed_policy == "learned"
-        budgets = [self.target_fraction, *(self.extra_budgets if extra else ())]
+        budgets = [self.budget, *(self.extra_budgets if extra else ())]
         first = None
         for budget in budgets:
             suffix = "" if budget == budgets[0] else at(budget)
@@ -81,7 +72,7 @@ class PolicyEvaluation:
             if not full:
                 continue
             realised = max(float(layout.fraction.mean()), self.levels.min_fraction)
-            for policy in self.hparams.eval_baselines:
+            for policy in self.hparams.evaluation.eval_baselines:
                 if policy == self.deployed_policy or (suffix and policy == "uniform"):
                     continue
                 with timed(images.device) as elapsed:
@@ -103,7 +94,7 @@ class PolicyEvaluation:
         if cells is None:
             raise ValueError(
                 "eval_baselines includes oracle, but this data's targets say nothing about where the objects "
-                f"are ({type(self).__name__}): drop oracle from model.init_args.eval_baselines"
+                f"are ({type(self).__name__}): drop oracle from model.init_args.evaluation.eval_baselines"
             )
         generator = torch.Generator(images.device).manual_seed(seed)
         decisions, _ = annotation_labels(cells.to(images.device), self.levels, budget, generator)
@@ -140,9 +131,7 @@ class PolicyEvaluation:
         if self.trainer.sanity_checking or (self.trainer.state.fn == "fit" and self.current_epoch > 0):
             return  # once per command
         limit = self.model.cap_limit()
-        over = [
-            b for b in (self.target_fraction, *self.extra_budgets) if limit is not None and b > limit + 1e-9
-        ]
+        over = [b for b in (self.budget, *self.extra_budgets) if limit is not None and b > limit + 1e-9]
         if over:
             finest = math.prod(self.levels.grid(self.levels.num - 1, self.backbone.img_size))
             rank_zero_info(
@@ -179,7 +168,7 @@ class PolicyEvaluation:
         self.log(f"{split}/fraction_std", learned["token_fraction_std"], prog_bar=True)
         if "object_fine_coverage" in learned:  # where the fine tokens went, epoch by epoch
             self.log(f"{split}/object_fine_coverage", learned["object_fine_coverage"])
-        self.log("lambda", self.controller.value_at(self.target_fraction), prog_bar=True)
+        self.log("lambda", self.controller.value_at(self.budget), prog_bar=True)
         for policy, values in results.items():
             if policy != "learned":
                 self.log(f"{split}/{policy}/{self.metric_name}", values.get(self.metric_name, float("nan")))
@@ -204,8 +193,8 @@ class PolicyEvaluation:
         record = summary_record(
             self.task_name,
             self.metric_name,
-            self.target_fraction,
-            self.controller.value_at(self.target_fraction),
+            self.budget,
+            self.controller.value_at(self.budget),
             results,
             str(self.trainer.state.fn.value),
             trained_policy=trained,

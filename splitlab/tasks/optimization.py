@@ -50,13 +50,16 @@ class Optimization:
                     param
                 )
         task_opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=hp.lr,
+            [
+                {"params": decay, "weight_decay": hp.optim.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=hp.optim.lr,
         )
-        policy_opt = torch.optim.Adam(self.tokenizer.decision.parameters(), lr=hp.policy_lr)
+        policy_opt = torch.optim.Adam(self.tokenizer.decision.parameters(), lr=hp.optim.policy_lr)
         total = max(self._stage_steps("supervised"), 1)
         self._ppo_total_steps = max(self._stage_steps("ppo"), 1)
-        warmup = min(hp.warmup_steps, total)
+        warmup = min(hp.optim.warmup_steps, total)
 
         def schedule(step: int) -> float:
             if step < warmup:
@@ -93,9 +96,9 @@ class Optimization:
             return
         if stage == "ppo":
             progress = min(self.controller.total_steps / self._ppo_total_steps, 1.0)
-            lr = self.hparams.policy_lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+            lr = self.hparams.optim.policy_lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress)))
         else:
-            lr = self.hparams.imitation_lr
+            lr = self.hparams.warm_start.imitation_lr
         for group in self.trainer.optimizers[1].param_groups:
             group["lr"] = lr
 

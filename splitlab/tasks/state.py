@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +125,8 @@ class TaskState:
         wanted = [
             setting
             for setting, asks in (
-                ("label_source=annotations", hp.label_source == "annotations"),
-                ("eval_baselines with oracle", "oracle" in hp.eval_baselines),
+                ("label_source=annotations", hp.warm_start.label_source == "annotations"),
+                ("eval_baselines with oracle", "oracle" in hp.evaluation.eval_baselines),
             )
             if asks
         ]
@@ -225,6 +226,11 @@ class TaskState:
         return f"; its settings differ: {'; '.join(differ)}" if differ else ""
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # the settings groups as plain mappings: a checkpoint holds data, never a class to import
+        hparams = checkpoint.get("hyper_parameters", {})
+        for key, value in hparams.items():
+            if is_dataclass(value) and not isinstance(value, type):
+                hparams[key] = asdict(value)
         checkpoint["splitlab"] = {
             "task_class": f"{type(self).__module__}.{type(self).__qualname__}",
             "stage": self.stage,
@@ -245,11 +251,13 @@ class TaskState:
             trained.shape != mine.shape or not torch.allclose(trained.cpu(), mine.cpu())
         ):
             lo, hi = float(trained[0]), float(trained[-1])
-            span = f"[{lo:g}, {hi:g}] (budgets: [{lo:g}, {hi:g}])" if len(trained) > 1 else f"{lo:g} only"
+            span = (
+                f"[{lo:g}, {hi:g}] (budget_range: [{lo:g}, {hi:g}])" if len(trained) > 1 else f"{lo:g} only"
+            )
             raise ValueError(
                 f"the checkpoint's policy was trained for budgets {span}; this run asks for "
-                f"target_fraction={self.target_fraction:g} with budgets={self.hparams.budgets}: "
-                "use the checkpoint's budgets, and a target_fraction inside them"
+                f"budget={self.budget:g} with budget_range={self.hparams.budget_range}: "
+                "use the checkpoint's budget_range, and a budget inside it"
             )
         state = checkpoint.get("splitlab", {})
         if "state_dict" in checkpoint:
@@ -297,5 +305,9 @@ def load_task(path: str | Path, map_location: Any = "cpu", setting: str = "check
         raise ValueError(
             f"{setting}={str(path)!r} names task class {meta['task_class']!r}, which splitlab lacks"
         )
+    # a settings group a task built in Python kept as its dataclass: passed on as its fields, as the
+    # CLI's instantiator reads every group
+    hparams = checkpoint.get("hyper_parameters", {})
+    groups = {k: asdict(v) for k, v in hparams.items() if is_dataclass(v) and not isinstance(v, type)}
     with safe_checkpoint_globals():  # read as `read_checkpoint` read it: the file holds nothing else
-        return cls.load_from_checkpoint(file, map_location=map_location, weights_only=True)
+        return cls.load_from_checkpoint(file, map_location=map_location, weights_only=True, **groups)

@@ -23,20 +23,6 @@ from splitlab.tokenizer import (
 )
 
 Stage = Literal["dense", "warm_start", "ppo"]
-LABEL_TARGETS = ("initial", "live")
-LABEL_SOURCES = ("embedding", "annotations")
-
-
-def check_warm_start(label_target: str, label_source: str, imitation_steps: int) -> None:
-    """Refuse warm-start settings that name no label target or source, or no update."""
-    if label_target not in LABEL_TARGETS:
-        raise ValueError(f"label_target={label_target!r}: expected one of {LABEL_TARGETS}")
-    if label_source not in LABEL_SOURCES:
-        raise ValueError(f"label_source={label_source!r}: expected one of {LABEL_SOURCES}")
-    if imitation_steps < 1:
-        raise ValueError(f"imitation_steps={imitation_steps} must be at least 1")
-
-
 STAGES = ("dense", "warm_start", "ppo")
 
 
@@ -78,13 +64,15 @@ class StageTraining(Optimization):
         hp = self.hparams
         if hp.policy == "learned":
             return self.stage != "dense"
-        return hp.policy == "transferred" and bool(hp.transfer_finetune) and self.stage == "ppo"
+        return (
+            hp.policy == "transferred" and bool(hp.policy_options.transfer_finetune) and self.stage == "ppo"
+        )
 
     @property
     def task_frozen(self) -> bool:
         """Whether this stage leaves backbone, head and embeddings as they are: PPO, and the warm
         start of a run that does not fine-tune in it (``warm_start_finetune: false``)."""
-        return self.stage == "ppo" or (self.stage == "warm_start" and not self.hparams.warm_start_finetune)
+        return self.stage == "ppo" or (self.stage == "warm_start" and not self.hparams.warm_start.finetune)
 
     def train(self, mode: bool = True) -> StageTraining:
         super().train(mode)
@@ -103,9 +91,7 @@ class StageTraining(Optimization):
             stats = self.supervised_step(images, targets, batch)
         batch_size = images.shape[0]
         self.log_dict({f"train/{k}": v for k, v in stats.items()}, batch_size=batch_size)
-        self.log(
-            "lambda", self.controller.value_at(self.target_fraction), prog_bar=True, batch_size=batch_size
-        )
+        self.log("lambda", self.controller.value_at(self.budget), prog_bar=True, batch_size=batch_size)
         return stats["loss"]
 
     def supervised_step(self, images: Tensor, targets: Any, batch: Any = None) -> dict[str, Tensor]:
@@ -126,7 +112,7 @@ class StageTraining(Optimization):
             layout = self.tokenizer.tokenize(tokens, "threshold", logits=logits, budget=budget)
             imitation = None
         elif self.hparams.policy != "learned":  # APT and random, fine-tuned on their own layouts
-            scores, cut = self.model.scores(self.hparams.policy, images, self.target_fraction, self.generator)
+            scores, cut = self.model.scores(self.hparams.policy, images, self.budget, self.generator)
             layout = self.tokenizer.tokenize(tokens, "scores", scores=scores, threshold=cut)
             imitation = None
         else:
@@ -145,19 +131,23 @@ class StageTraining(Optimization):
             outputs = self.forward_layout(layout)
             task_loss = self.per_image_loss(outputs, targets).mean()
         if frozen:
-            loss = self.hparams.imitation_weight * imitation
+            loss = self.hparams.warm_start.imitation_weight * imitation
         else:
-            loss = task_loss if imitation is None else task_loss + self.hparams.imitation_weight * imitation
+            loss = (
+                task_loss
+                if imitation is None
+                else task_loss + self.hparams.warm_start.imitation_weight * imitation
+            )
         task_opt.zero_grad()
         policy_opt.zero_grad()
         self.backward_synced(loss, [policy_opt] if frozen else [task_opt, policy_opt])
         if not frozen:
-            self.clip_norm(task_opt, self.hparams.grad_clip)
+            self.clip_norm(task_opt, self.hparams.optim.grad_clip)
             task_opt.step()
             task_sched.step()
         if imitation is not None:
             policy_opt.step()
-            for _ in range(self.hparams.imitation_steps - 1):
+            for _ in range(self.hparams.warm_start.imitation_steps - 1):
                 imitation = self.imitation_update(tokens, labels, budget, policy_opt)
             stats["imitation"] = imitation.detach()
             self.budget_sampler.update(point, task_loss.detach(), self.mean_over_ranks)
@@ -175,7 +165,9 @@ class StageTraining(Optimization):
         points = self.controller.budgets
         if len(points) == 1:
             return 0, points[0]
-        point = self.budget_sampler.draw(int(self.hparams.sampling_seed) * 1_000_003 + int(self.global_step))
+        point = self.budget_sampler.draw(
+            int(self.hparams.policy_options.sampling_seed) * 1_000_003 + int(self.global_step)
+        )
         return point, points[point]
 
     def calibrate(self, logits: Sequence[Tensor], point: int, budget: float, finest: Sequence[int]) -> Tensor:
@@ -206,7 +198,7 @@ class StageTraining(Optimization):
             self.tokenizer.decision_logits([t.detach() for t in tokens], budget), labels
         )
         policy_opt.zero_grad()
-        self.backward_synced(self.hparams.imitation_weight * imitation, [policy_opt])
+        self.backward_synced(self.hparams.warm_start.imitation_weight * imitation, [policy_opt])
         policy_opt.step()
         return imitation
 
@@ -217,12 +209,12 @@ class StageTraining(Optimization):
         half the tokens, unanchored 0.983-0.997 (uniform 0.995-1.0, 3 seeds; docs/oracle.md)."""
         if self.ppo.imitation is not None:
             return float(self.ppo.imitation)
-        return 1.0 if self.hparams.label_source == "annotations" else 0.0
+        return 1.0 if self.hparams.warm_start.label_source == "annotations" else 0.0
 
     def imitation_labels(self, images: Tensor, batch: Any, budget: float) -> list[Tensor]:
         """The warm start's split labels at ``budget`` (``label_source``): from embedding differences
         (the paper's), or the oracle's layout from the batch's annotations."""
-        if self.hparams.label_source == "annotations":
+        if self.hparams.warm_start.label_source == "annotations":
             grid = self.levels.grid(self.levels.num - 1, tuple(images.shape[-2:]))
             cells = self.annotated_cells(batch, grid)
             if cells is None:
@@ -235,7 +227,7 @@ class StageTraining(Optimization):
     def label_content(self, images: Tensor) -> list[Tensor]:
         """The patch-content embeddings the imitation labels read (``label_target``): a frozen copy of
         the patch embedding, taken at the warm start's first step, or the live one."""
-        if self.hparams.label_target == "live":
+        if self.hparams.warm_start.label_target == "live":
             return self.tokenizer.embed.content(images, self.backbone)
         if not self.label_embedding.ready:
             self.label_embedding.take(self.backbone.model.patch_embed)
@@ -251,7 +243,7 @@ class StageTraining(Optimization):
         alone loses. What each share costs, and the variants tried: docs/comparison.md and
         docs/budgets.md.
         """
-        share = float(self.hparams.teacher_forcing)
+        share = float(self.hparams.warm_start.teacher_forcing)
         if share <= 0:
             return self.tokenizer.tokenize(tokens, "sample", logits=logits, generator=self.generator)
         sampled = policy.sample(logits, self.generator)

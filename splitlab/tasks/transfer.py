@@ -12,29 +12,29 @@ from splitlab.model.base import TRAINED_POLICIES
 
 
 def check_policy(
-    policy: str, budgets: Sequence[float] | None, policy_checkpoint: str | None, transfer_finetune: bool
+    policy: str, budget_range: Sequence[float] | None, policy_checkpoint: str | None, transfer_finetune: bool
 ) -> None:
     """Refuse a policy a task cannot train, settings it would ignore, or a transfer without its source."""
     if policy not in TRAINED_POLICIES:
         raise ValueError(f"policy={policy!r}: expected one of {TRAINED_POLICIES}")
-    if policy != "learned" and budgets is not None:
+    if policy != "learned" and budget_range is not None:
         raise ValueError(
-            f"budgets={list(budgets)} needs policy='learned' (a {policy} policy serves one budget, target_fraction)"
+            f"budget_range={list(budget_range)} needs policy='learned' (a {policy} policy serves one budget)"
         )
     if policy == "transferred" and not policy_checkpoint:
         raise ValueError(
-            "policy='transferred' deploys another run's policy: set policy_checkpoint to that run's "
+            "policy='transferred' deploys another run's policy: set policy_options.policy_checkpoint to that run's "
             "folder, .ckpt or save_pretrained folder"
         )
     if policy != "transferred" and policy_checkpoint:
         raise ValueError(
-            f"policy_checkpoint={policy_checkpoint!r} is read by policy: transferred only, and this run "
-            f"trains policy={policy!r}: set policy: transferred, or remove policy_checkpoint"
+            f"policy_options.policy_checkpoint={policy_checkpoint!r} is read by policy: transferred only, and "
+            f"this run trains policy={policy!r}: set policy: transferred, or remove policy_checkpoint"
         )
     if policy != "transferred" and transfer_finetune:
         raise ValueError(
-            f"transfer_finetune=true fine-tunes a transferred policy, and this run trains policy={policy!r}: "
-            "set policy: transferred (with policy_checkpoint), or remove transfer_finetune"
+            "policy_options.transfer_finetune=true fine-tunes a transferred policy, and this run trains "
+            f"policy={policy!r}: set policy: transferred (with policy_checkpoint), or remove transfer_finetune"
         )
 
 
@@ -72,7 +72,7 @@ def transferred_decision(path: str, model: SplitModel) -> dict[str, Tensor]:
     if source.tokenizer.budget_conditioned:
         lo, hi = source.tokenizer.operating_points.range
         raise ValueError(
-            f"{where} holds a budget-conditioned policy (budgets [{lo:g}, {hi:g}]); a transferred "
-            "policy serves one budget (target_fraction): transfer a single-budget run"
+            f"{where} holds a budget-conditioned policy (budget_range [{lo:g}, {hi:g}]); a transferred "
+            "policy serves one budget: transfer a single-budget run"
         )
     return source.tokenizer.decision.state_dict()

@@ -30,7 +30,7 @@ class VQATask(SplitTask):
     Args:
         lm: the language model: a hub name or local folder (a LLaVA checkpoint gives its LM and
             projector), or a config dict (``model_type`` and its settings) for a random-init LM.
-        tokenizer: the LM's tokenizer: a hub name / folder, or a ``vocab.json`` word list.
+        lm_tokenizer: the LM's tokenizer: a hub name / folder, or a ``vocab.json`` word list.
         prompt: the prompt template, with ``<image>`` and ``{question}``: by default LLaVA-1.5's VQA
             turn (`splitlab.heads.vqa.PROMPT`); ``tasks/vqav2.yaml`` puts vicuna_v1's system prompt
             first (`LLAVA_PROMPT`), as LLaVA-1.5's evaluation does. A checkpoint keeps its own.
@@ -55,7 +55,7 @@ class VQATask(SplitTask):
     def __init__(
         self,
         lm: str | dict[str, Any] = "llava-hf/llava-1.5-7b-hf",
-        tokenizer: str = "llava-hf/llava-1.5-7b-hf",
+        lm_tokenizer: str = "llava-hf/llava-1.5-7b-hf",
         prompt: str = PROMPT,
         feature_block: int = -2,
         token_order: str = "raster",

@@ -129,7 +129,7 @@ class Levels:
                 f"levels={self.sizes}"
             )
 
-    def check_fraction(self, fraction: float, name: str = "target_fraction") -> float:
+    def check_fraction(self, fraction: float, name: str = "budget") -> float:
         """Raise when ``fraction`` lies outside the reachable range ``[min_fraction, 1]``."""
         fraction = float(fraction)
         if not (self.min_fraction <= fraction <= 1.0):

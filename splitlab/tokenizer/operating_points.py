@@ -31,17 +31,23 @@ SPREAD_QUANTILES = 64  # quantiles of the per-image fraction kept at each cut (m
 BETWEEN = 3  # budgets calibrated between two neighbouring points (at 1/4, 1/2, 3/4 of the way)
 
 
-def budget_points(budgets: Sequence[float], step: float = 0.1) -> list[float]:
-    """The training budget points of a range ``[lo, hi]``: ``lo, lo + step, ..., hi`` (``hi`` always included)."""
-    if len(budgets) != 2:
-        raise ValueError(f"budgets={list(budgets)}: give the range as [lowest, highest], e.g. [0.3, 0.9]")
-    lo, hi = float(budgets[0]), float(budgets[1])
+def budget_points(budget_range: Sequence[float]) -> list[float]:
+    """The training budget points of a range ``[lo, hi]`` or ``[lo, hi, step]`` (step 0.1 unless
+    given): ``lo, lo + step, ..., hi`` (``hi`` always included)."""
+    if len(budget_range) not in (2, 3):
+        raise ValueError(
+            f"budget_range={list(budget_range)}: give [lowest, highest] or [lowest, highest, step], e.g. [0.3, 0.9]"
+        )
+    lo, hi = float(budget_range[0]), float(budget_range[1])
+    step = float(budget_range[2]) if len(budget_range) == 3 else 0.1
     if not (0.0 < lo <= 1.0 and 0.0 < hi <= 1.0):
-        raise ValueError(f"budgets={list(budgets)}: budgets are token fractions in (0, 1], e.g. [0.3, 0.9]")
+        raise ValueError(
+            f"budget_range={list(budget_range)}: budgets are token fractions in (0, 1], e.g. [0.3, 0.9]"
+        )
     if not lo < hi:
-        raise ValueError(f"budgets={list(budgets)}: the lowest budget must be below the highest")
+        raise ValueError(f"budget_range={list(budget_range)}: the lowest budget must be below the highest")
     if step <= 0:
-        raise ValueError(f"budget_step={step} must be positive")
+        raise ValueError(f"budget_range={list(budget_range)}: the step {step:g} must be positive")
     count = int(round((hi - lo) / step))
     points = [round(lo + i * step, 6) for i in range(count + 1) if lo + i * step < hi - 1e-6]
     return [*points, hi]
@@ -85,7 +91,7 @@ class OperatingPoints(nn.Module):
         """Whether every point has seen at least one training batch."""
         return bool((self.counts > 0).all())
 
-    def check(self, budget: float, setting: str = "target_fraction") -> float:
+    def check(self, budget: float, setting: str = "budget") -> float:
         """``budget`` if the policy was trained for it, else a ValueError naming the trained range and
         the fix that fits: a budget-conditioned policy serves its range only (pick within it, or
         retrain with a wider one); a policy of one budget needs a conditioned one to serve others."""
@@ -94,27 +100,28 @@ class OperatingPoints(nn.Module):
             if hi > lo:
                 fix = (
                     f"pick a budget from {lo:g} to {hi:g}, or retrain with a range that holds "
-                    f"{float(budget):g} (model.init_args.budgets: [lowest, highest])"
+                    f"{float(budget):g} (model.init_args.budget_range: [lowest, highest])"
                 )
                 trained = f"[{lo:g}, {hi:g}] (a budget-conditioned policy)"
             else:
-                fix = "train a budget-conditioned policy (model.init_args.budgets: [lowest, highest]) to serve others"
+                fix = "train a budget-conditioned policy (model.init_args.budget_range: [lowest, highest]) to serve others"
                 trained = f"{lo:g} only"
             raise ValueError(
                 f"{setting}={float(budget):g}: this policy was trained for budgets {trained}; {fix}"
             )
         return float(budget)
 
-    def cut(self, budget: Tensor, cap: float | None = None) -> Tensor:
+    def cut(self, budget: Tensor, max_fraction: float | None = None) -> Tensor:
         """``(B,)`` logit cuts for ``(B,)`` budgets, linearly interpolated between points.
 
         Points never calibrated cut at logit 0 (p = 0.5), the untrained policy's natural threshold.
-        ``cap``: the most token fraction any image may keep (the cap's own rounding included); where
-        a point's spread is known and the cap binds near its budget, its cut meets the budget under it.
+        ``max_fraction``: the hard cap, the most token fraction any image may keep (the cap's own
+        rounding included); where a point's spread is known and the cap binds near its budget, its cut
+        meets the budget under it.
         """
         cuts = torch.where(self.counts > 0, self.cuts, torch.zeros_like(self.cuts))
-        if cap is not None:
-            cuts = torch.where(self.spread_counts > 0, self.capped_cuts(cap, cuts), cuts)
+        if max_fraction is not None:
+            cuts = torch.where(self.spread_counts > 0, self.capped_cuts(max_fraction, cuts), cuts)
         if cuts.numel() == 1:
             return cuts.expand(budget.shape).to(budget.device)
         budgets, cuts = self.table(cuts, torch.where(self.counts > 0, self.cuts, torch.zeros_like(self.cuts)))
@@ -222,12 +229,12 @@ class OperatingPoints(nn.Module):
         self.set(point, calibrate_threshold(logits, float(self.budgets[point]), finest=finest), reduce)
         self.record_spread(point, logits, reduce, finest)
 
-    def capped_cuts(self, cap: float, exact: Tensor) -> Tensor:
-        """Per point, the cut at which the calibration sample's layouts, each capped at ``cap``, meet
+    def capped_cuts(self, max_fraction: float, exact: Tensor) -> Tensor:
+        """Per point, the cut at which the calibration sample's layouts, each capped at ``max_fraction``, meet
         the point's budget on average: the capped mean fraction along the cut grid, interpolated
         linearly. Where the cap does not bind there, the exact cut (``exact``) stands. When the cap
         makes a budget unreachable, the lowest cut: every image split as far as the cap allows."""
-        capped = self.spread.clamp(max=float(cap)).mean(-1)  # (P, cuts), non-increasing
+        capped = self.spread.clamp(max=float(max_fraction)).mean(-1)  # (P, cuts), non-increasing
         free = self.spread.mean(-1)
         target = self.budgets[:, None].to(capped.dtype)
         below = capped <= target

@@ -64,7 +64,7 @@ class SplitTokenizer(nn.Module):
         levels: patch sizes coarse to fine, the finest being the backbone's patch size.
         decision_dim: width of the decision module.
         decision_heads: heads of its cross-attention.
-        budgets: the token budgets the policy is trained for, ascending. One budget (or none):
+        budget_points: the token budgets the policy is trained for, ascending. One budget (or none):
             an unconditioned policy; several: the decision module reads each image's budget and
             one policy serves every budget between the first and the last.
     """
@@ -75,7 +75,7 @@ class SplitTokenizer(nn.Module):
         levels: Sequence[int] | Levels,
         decision_dim: int = 128,
         decision_heads: int = 4,
-        budgets: Sequence[float] = (),
+        budget_points: Sequence[float] = (),
         see_descendants: bool = False,
     ) -> None:
         super().__init__()
@@ -85,17 +85,17 @@ class SplitTokenizer(nn.Module):
                 f"levels={self.levels.sizes}: SPLIT needs at least two patch sizes (a patch and its "
                 "four children) to decide anything, e.g. levels=(64, 32, 16)"
             )
-        for b in budgets:
-            self.levels.check_fraction(b, "budgets")
+        for b in budget_points:
+            self.levels.check_fraction(b, "budget_points")
         self.embed = MultiScalePatchEmbed(embed_dim, self.levels)
         self.decision = SplitDecision(
             embed_dim,
             decision_dim,
             decision_heads,
-            budget_conditioned=len(budgets) > 1,
+            budget_conditioned=len(budget_points) > 1,
             see_descendants=see_descendants,
         )
-        self.operating_points = OperatingPoints(list(budgets) or [1.0])
+        self.operating_points = OperatingPoints(list(budget_points) or [1.0])
 
     @property
     def budget_conditioned(self) -> bool:
@@ -202,9 +202,9 @@ class SplitTokenizer(nn.Module):
         elif mode == "threshold":
             if threshold is None:
                 batch = tokens[0].shape[0]
-                cap = None if max_tokens is None else self.cap_fraction(max_tokens, tokens)
+                max_fraction = None if max_tokens is None else self.cap_fraction(max_tokens, tokens)
                 budgets = self.budget_of(budget, batch, tokens[0].device)
-                cut = self.operating_points.cut(budgets, cap).view(-1, 1, 1)
+                cut = self.operating_points.cut(budgets, max_fraction=max_fraction).view(-1, 1, 1)
             elif 0.0 < threshold < 1.0:
                 cut = math.log(threshold / (1.0 - threshold))
             else:

@@ -47,7 +47,7 @@ def test_the_siglip_tower_overrides_the_vqa_recipe(tmp_path) -> None:
     composed = yaml.safe_load(out.read_text())
     model, data = composed["model"]["init_args"], composed["data"]["init_args"]
     assert model["backbone"] == "vit_so400m_patch14_siglip_384.webli" and "onevision" in model["lm"]
-    assert model["levels"] == [56, 28, 14] and model["feature_block"] == -2
+    assert model["tokenizer"]["levels"] == [56, 28, 14] and model["feature_block"] == -2
     assert data["mean"] == [0.5, 0.5, 0.5] and data["pad"] == "centre"
     assert model_input_size(model["backbone"], model.get("backbone_kwargs")) == 384  # 27 x 27 patches of 14
     assert composed["trainer"]["callbacks"][0]["class_path"] == "splitlab.callbacks.SplitSchedule"
@@ -101,7 +101,7 @@ def test_the_ade20k_twin_on_a_150_class_folder_needs_only_the_models_num_classes
                 "--trainer.enable_progress_bar=false",
                 "--model.init_args.backbone_kwargs.embed_dim=32",
                 "--model.init_args.backbone_kwargs.num_heads=2",
-                "--model.init_args.eval_baselines=[uniform]",
+                "--model.init_args.evaluation.eval_baselines=[uniform]",
                 *schedule_args(1, 0),
             ]
         )

@@ -14,7 +14,7 @@ from splitlab.commands.bench_table import bench_table
 
 def test_bench_reports_every_key(tmp_path) -> None:
     cfg = BenchConfig(
-        model="test_vit", img_size=64, batch_size=4, levels=(32, 16), fraction=0.6, warmup=1, iters=1
+        model="test_vit", img_size=64, batch_size=4, levels=(32, 16), budget=0.6, warmup=1, iters=1
     )
     result = run_bench(cfg)
     for key in (
@@ -76,7 +76,7 @@ def test_bench_times_the_predict_path_on_files(tmp_path) -> None:
         img_size=64,
         batch_size=2,
         levels=(32, 16),
-        fraction=0.6,
+        budget=0.6,
         warmup=0,
         iters=1,
         images=str(tmp_path),
@@ -107,7 +107,7 @@ def test_compile_gives_the_uniform_model_static_shapes_on_its_own_copy(monkeypat
         img_size=64,
         batch_size=2,
         levels=(32, 16),
-        fraction=0.6,
+        budget=0.6,
         warmup=1,
         iters=1,
         compile=True,
@@ -125,7 +125,7 @@ def test_bench_with_a_language_model_times_the_vqa_path() -> None:
     lm = '{"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
     lm += '"num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 50}'
     cfg = BenchConfig(
-        model="test_vit", img_size=64, batch_size=2, levels=(32, 16), fraction=0.6, warmup=1, iters=1, lm=lm
+        model="test_vit", img_size=64, batch_size=2, levels=(32, 16), budget=0.6, warmup=1, iters=1, lm=lm
     )
     vqa = run_bench(cfg)["vqa"]
     assert vqa["lm_width"] == 32 and vqa["text_tokens"] > 0
@@ -160,13 +160,15 @@ def test_bench_from_a_checkpoint(shapes_root, tmp_path) -> None:
     lightning_main(
         [
             "fit",
-            *tiny_args(shapes_root, tmp_path, *schedule_args(1, 0), "--model.init_args.eval_baselines=[]"),
+            *tiny_args(
+                shapes_root, tmp_path, *schedule_args(1, 0), "--model.init_args.evaluation.eval_baselines=[]"
+            ),
         ]
     )
     result = run_bench(
         BenchConfig(
             ckpt=str(tmp_path / "checkpoints" / "last.ckpt"),
-            fraction=None,
+            budget=None,
             images=str(shapes_root / "val"),  # the data it was calibrated on
             batch_size=12,
             warmup=0,
@@ -186,13 +188,13 @@ def test_bench_from_a_checkpoint(shapes_root, tmp_path) -> None:
     apt = tmp_path / "apt"  # a run that trains APT: its decision module never trained, bench refuses it
     fit_args = [
         *schedule_args(1, 0),
-        "--model.init_args.eval_baselines=[]",
+        "--model.init_args.evaluation.eval_baselines=[]",
         "--model.init_args.policy=entropy",
-        "--model.init_args.budgets=null",  # a fixed policy reads no budget
+        "--model.init_args.budget_range=null",  # a fixed policy reads no budget
     ]
     lightning_main(["fit", *tiny_args(shapes_root, apt, *fit_args)])
     with pytest.raises(ValueError, match="deploys policy 'entropy'.*--budget 0.5"):
-        run_bench(BenchConfig(ckpt=str(apt / "checkpoints" / "last.ckpt"), fraction=None))
+        run_bench(BenchConfig(ckpt=str(apt / "checkpoints" / "last.ckpt"), budget=None))
 
 
 @pytest.mark.parametrize(
@@ -208,7 +210,7 @@ def test_bench_from_a_checkpoint(shapes_root, tmp_path) -> None:
         ),
         (BenchConfig(model="test_vit", device="cuda"), "--device cuda: CUDA is not available"),
         (
-            BenchConfig(model="test_vit", img_size=64, levels=(32, 16), fraction=0.1),
+            BenchConfig(model="test_vit", img_size=64, levels=(32, 16), budget=0.1),
             "--budget=0.1 is outside the range",
         ),
         (BenchConfig(model="test_vit", dtype="float8"), "--dtype float8"),
@@ -223,13 +225,13 @@ def test_bench_refusals(cfg, message) -> None:
 
 
 @pytest.mark.parametrize(
-    ("command", "option", "dest", "given", "value"),
+    ("command", "option", "dest", "given", "value", "gone"),
     [
-        ("bench", "--budget", "fraction", "0.5", 0.5),
-        ("curve", "--budgets", "fractions", "0.3,0.5", [0.3, 0.5]),
+        ("bench", "--budget", "budget", "0.5", 0.5, ["--fraction"]),
+        ("curve", "--eval-budgets", "eval_budgets", "0.3,0.5", [0.3, 0.5], ["--budgets", "--fractions"]),
     ],
 )
-def test_the_budget_options_store_the_budget(command, option, dest, given, value) -> None:
+def test_the_budget_options_store_the_budget(command, option, dest, given, value, gone) -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
@@ -237,8 +239,9 @@ def test_the_budget_options_store_the_budget(command, option, dest, given, value
     head = [command, "run"] if command == "curve" else [command]
     assert getattr(parser.parse_args(head), dest) is None  # unset: the command's own default
     assert getattr(parser.parse_args([*head, option, given]), dest) == value
-    with pytest.raises(SystemExit):  # the names of before 0.1.0 (--fraction, --fractions) are gone
-        parser.parse_args([*head, option.replace("budget", "fraction"), given])
+    for old in gone:  # the names of before (--fraction, --fractions, curve's --budgets) are gone
+        with pytest.raises(SystemExit):
+            parser.parse_args([*head, old, given])
 
 
 def test_a_sweep_writes_one_row_per_batch_size_with_its_spread(tmp_path, capsys) -> None:

@@ -65,16 +65,14 @@ def test_compare_refuses_unreadable_summaries_and_other_budgets(tmp_path, capsys
     with pytest.raises(ValueError, match="broken/summary.json is not readable JSON"):
         run(["compare", split, str(broken)])
     (broken / "summary.json").write_text('{"task": "classification"}')
-    with pytest.raises(
-        ValueError, match=r"broken/summary.json has no \['metric', 'target_fraction', 'policies'\]"
-    ):
+    with pytest.raises(ValueError, match=r"broken/summary.json has no \['metric', 'budget', 'policies'\]"):
         run(["compare", split, str(broken)])
     (broken / "summary.json").write_text("0.5")
     with pytest.raises(ValueError, match="broken/summary.json has no"):
         run(["compare", split, str(broken)])
     record = summary_record("classification", "top1", 0.3, 0.2, {"learned": row(0.9, 0.3)}, "fit")
     write_summary(record, tmp_path / "tight")
-    with pytest.raises(ValueError, match="trained for target_fraction=0.3, the first run for 0.5"):
+    with pytest.raises(ValueError, match="trained for budget=0.3, the first run for 0.5"):
         run(["compare", split, str(tmp_path / "tight")])
 
 

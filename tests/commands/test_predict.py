@@ -53,7 +53,7 @@ def test_a_cap_below_the_budget_is_refused_before_anything_is_written(
     assert code == 2 and err.strip() == (
         "splitlab: error: budget=0.95: this policy was trained for budgets [0.3, 0.7] (a budget-conditioned "
         "policy); pick a budget from 0.3 to 0.7, or retrain with a range that holds 0.95 "
-        "(model.init_args.budgets: [lowest, highest])"
+        "(model.init_args.budget_range: [lowest, highest])"
     )
     # the model's own cap against the budget given per call; a comparison policy is not bound by it
     capped = tmp_path / "capped"

@@ -259,7 +259,7 @@ def test_bench_records_the_backend_it_timed(backend) -> None:
         device="cuda",
         dtype="bfloat16",
         attn_backend=backend,
-        fraction=0.7,
+        budget=0.7,
         batch_size=8,
         warmup=1,
         iters=1,

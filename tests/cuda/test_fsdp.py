@@ -25,7 +25,7 @@ FSDP = [
     # class_path: a bare `--trainer.strategy=splitlab...` is read by Lightning as a strategy name
     "--trainer.strategy.class_path=splitlab.distributed.BlockFSDPStrategy",
     "--trainer.precision=bf16-mixed",
-    "--model.init_args.eval_baselines=[]",
+    "--model.init_args.evaluation.eval_baselines=[]",
 ]
 
 

@@ -114,7 +114,7 @@ def test_on_a_flat_background_the_object_is_the_only_busy_region() -> None:
 
     rng = np.random.default_rng(0)
     for background, object_wins in (("flat", True), ("busy", False)):
-        img, (x0, y0, x1, y1) = render("checks", rng, size=64, background=background)
+        img, (x0, y0, x1, y1) = render("checks", rng, img_size=64, background=background)
         entropy = patch_entropy(torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255, 8)[0]
         cells = torch.zeros(8, 8, dtype=torch.bool)  # 8 px cells the object touches
         cells[y0 // 8 : (y1 - 1) // 8 + 1, x0 // 8 : (x1 - 1) // 8 + 1] = True

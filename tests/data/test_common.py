@@ -79,9 +79,7 @@ def test_seeded_samples_leave_the_cuda_generators_alone(monkeypatch) -> None:
 
 class TinyData(BaseDataModule):
     def __init__(self, size: int, batch_size: int) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.hparams.update(num_workers=0, shuffle_seed=0)
+        super().__init__(batch_size=batch_size, num_workers=0, shuffle_seed=0)
         self.datasets = {"train": SkipCorrupt(RandomDraws(size), str)}
 
 
@@ -156,3 +154,82 @@ def test_padding_moves_boxes_with_their_image() -> None:
         padded, moved = PadTo(64, centre=centre)(image, boxes)
         assert padded.shape == (3, 64, 64) and moved.canvas_size == (64, 64)
         assert moved.tolist() == [[0, shift, 10, 10 + shift], [50, 30 + shift, 64, 40 + shift]]
+
+
+SHARED = {
+    "img_size",
+    "mean",
+    "std",
+    "batch_size",
+    "num_workers",
+    "shuffle_seed",
+    "strict",
+    "exif_transpose",
+    "high_depth",
+}
+
+
+def data_module(kind: str, root) -> BaseDataModule:
+    """Each task's data module with nothing but a root in its layout: every other setting its default."""
+    from splitlab.data import ADE20KData, CocoDetectionData, ImageClassificationData, VQAv2Data
+
+    folders = {
+        "classification": ["train"],
+        "detection": [],
+        "segmentation": ["images/training", "annotations/training"],
+        "vqa": [],
+    }[kind]
+    root.mkdir(exist_ok=True)
+    for folder in folders:
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    module = {
+        "classification": ImageClassificationData,
+        "detection": CocoDetectionData,
+        "segmentation": ADE20KData,
+        "vqa": VQAv2Data,
+    }[kind]
+    return module(root=str(root))
+
+
+@pytest.mark.parametrize(
+    ("kind", "img_size", "batch_size", "mean"),
+    [
+        ("classification", 224, 64, (0.485, 0.456, 0.406)),
+        ("detection", 1024, 2, (0.485, 0.456, 0.406)),
+        ("segmentation", 512, 16, (0.485, 0.456, 0.406)),
+        ("vqa", 336, 8, (0.48145466, 0.4578275, 0.40821073)),
+    ],
+)
+def test_each_data_module_passes_the_shared_settings_on_with_its_own_defaults(
+    tmp_path, kind, img_size, batch_size, mean
+) -> None:
+    """The settings every data module shares are the base's, passed on as ``**kwargs``: still each
+    module's hyperparameters, with its own defaults where it has them, and settable by name."""
+    data = data_module(kind, tmp_path / "default")
+    hp = data.hparams
+    assert set(hp) >= SHARED and hp.root == str(tmp_path / "default")
+    assert (hp.img_size, data.img_size, hp.batch_size, data.batch_size) == (
+        img_size,
+        img_size,
+        batch_size,
+        batch_size,
+    )
+    assert tuple(data.mean) == pytest.approx(mean) and (hp.num_workers, hp.high_depth, hp.strict) == (
+        4,
+        "range",
+        False,
+    )
+    assert data.preprocessing.img_size == img_size and data.preprocessing.exif_transpose
+    module, root = type(data), tmp_path / "default"
+    given = module(root=str(root), num_workers=0, exif_transpose=False, high_depth="dtype", img_size=[64, 64])
+    assert (given.hparams.num_workers, given.hparams.high_depth, given.hparams.exif_transpose) == (
+        0,
+        "dtype",
+        False,
+    )
+    side = (
+        [64, 64] if kind == "classification" else 64
+    )  # a square [h, w] is a side to the letterboxing readers
+    assert given.hparams.img_size == side and given.img_size == side
+    with pytest.raises(ValueError, match="data.init_args.high_depth"):
+        module(root=str(root), high_depth="bits")

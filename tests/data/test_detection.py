@@ -11,7 +11,7 @@ def test_coco_json_naming_missing_images(tmp_path) -> None:
     from splitlab.data import generate_coco
     from splitlab.data.detection import load_coco
 
-    root = generate_coco(tmp_path / "coco", image_size=64, train=3, val=2)
+    root = generate_coco(tmp_path / "coco", img_size=64, train=3, val=2)
     (root / "val2017" / "000000000001.png").unlink()
     with pytest.raises(
         FileNotFoundError,
@@ -25,7 +25,7 @@ def test_bad_boxes_are_dropped_with_a_counted_warning(tmp_path) -> None:
     from splitlab.data.detection import CocoDetection, letterbox
     from splitlab.model import Preprocessing
 
-    root = generate_coco(tmp_path / "coco", image_size=64, train=2, val=2)
+    root = generate_coco(tmp_path / "coco", img_size=64, train=2, val=2)
     path = root / "annotations" / "instances_val2017.json"
     doc = json.loads(path.read_text())
     doc["annotations"][0]["bbox"] = [10, 10, 0, 5]  # zero area
@@ -38,7 +38,7 @@ def test_bad_boxes_are_dropped_with_a_counted_warning(tmp_path) -> None:
             path,
             letterbox(Preprocessing(64, (0.5,) * 3, (0.5,) * 3), False),
             masks=True,
-            size=64,
+            img_size=64,
         )
     clamped = doc["annotations"][2]
     image, target = ds[ds.ids.index(clamped["image_id"])]
@@ -54,7 +54,7 @@ def test_bad_boxes_are_dropped_with_a_counted_warning(tmp_path) -> None:
             path,
             letterbox(Preprocessing(64, (0.5,) * 3, (0.5,) * 3), False),
             masks=False,
-            size=64,
+            img_size=64,
         )
 
 
@@ -65,7 +65,7 @@ def test_crowd_regions_come_flagged_and_stay_aligned(tmp_path) -> None:
     from splitlab.data.detection import CocoDetection, letterbox
     from splitlab.model import Preprocessing
 
-    root = generate_coco(tmp_path / "coco", image_size=64, train=2, val=2)
+    root = generate_coco(tmp_path / "coco", img_size=64, train=2, val=2)
     path = root / "annotations" / "instances_val2017.json"
     doc = json.loads(path.read_text())
     first = [a for a in doc["annotations"] if a["image_id"] == doc["images"][0]["id"]]
@@ -76,9 +76,9 @@ def test_crowd_regions_come_flagged_and_stay_aligned(tmp_path) -> None:
     doc["annotations"] += [crowd, degenerate]
     path.write_text(json.dumps(doc))
     prep = Preprocessing(64, (0.5,) * 3, (0.5,) * 3)
-    evaluated = CocoDetection(root / "val2017", path, letterbox(prep, False), masks=True, size=64)
+    evaluated = CocoDetection(root / "val2017", path, letterbox(prep, False), masks=True, img_size=64)
     assert evaluated[0][1]["boxes"].shape[0] == len(first) + 2  # evaluation keeps every annotation
-    ds = CocoDetection(root / "val2017", path, letterbox(prep, True), masks=True, size=64)
+    ds = CocoDetection(root / "val2017", path, letterbox(prep, True), masks=True, img_size=64)
     _, target = ds[0]
     n = target["boxes"].shape[0]
     assert n == len(first) + 1  # training drops the degenerate box, the crowd stays
@@ -131,7 +131,7 @@ def test_images_are_read_upright_and_turned_photos_with_stored_boxes_are_named(t
     for upright in (True, False):
         prep = Preprocessing(64, (0.5,) * 3, (0.5,) * 3, exif_transpose=upright)
         ds = CocoDetection(
-            folder, annotations, letterbox(prep, False), masks=False, size=64, exif_transpose=upright
+            folder, annotations, letterbox(prep, False), masks=False, img_size=64, exif_transpose=upright
         )
         twin, target = ds[0]
         assert torch.equal(ds[3][0], twin) and torch.equal(ds[3][1]["boxes"], target["boxes"])

@@ -10,7 +10,7 @@ from PIL import Image
 def test_annotation_labels_above_num_classes(tmp_path) -> None:
     from splitlab.data import ADE20KData, generate_ade20k
 
-    root = generate_ade20k(tmp_path / "ade", image_size=64, train=20, val=2)
+    root = generate_ade20k(tmp_path / "ade", img_size=64, train=20, val=2)
     masks = sorted((root / "annotations" / "training").glob("*.png"))
 
     def corrupt(path):
@@ -47,7 +47,7 @@ def test_an_unreadable_image_is_left_to_skipping(tmp_path) -> None:
     mask of the wrong size stops before training."""
     from splitlab.data import ADE20KData, generate_ade20k
 
-    root = generate_ade20k(tmp_path / "ade", image_size=64, train=4, val=2)
+    root = generate_ade20k(tmp_path / "ade", img_size=64, train=4, val=2)
     images = sorted((root / "images" / "training").glob("*.png"))
     images[0].write_bytes(b"not an image")
     dm = ADE20KData(root=str(root), num_classes=5, img_size=64, num_workers=0)
@@ -103,7 +103,7 @@ def test_hf_dataset_reads_as_the_folder_layout(tmp_path) -> None:
 
     from splitlab.data import ADE20KData, SeededIndex, generate_ade20k
 
-    root = generate_ade20k(tmp_path / "ade", image_size=64, train=20, val=3)
+    root = generate_ade20k(tmp_path / "ade", img_size=64, train=20, val=3)
     path = ade_as_hf(root, tmp_path / "hf")
     settings = {"num_classes": 5, "img_size": 64, "num_workers": 0, "scale_range": (1.0, 1.0)}
     from_hf = ADE20KData(hf_dataset=str(path), train_split="train", **settings)
@@ -159,7 +159,7 @@ def test_images_are_read_upright_and_masks_on_the_stored_pixels_are_named(tmp_pa
     from splitlab.data import ADE20KData, generate_ade20k
     from tests.model.user_images import sixteen_bit
 
-    root = generate_ade20k(tmp_path / "ade", image_size=64, train=2, val=2)
+    root = generate_ade20k(tmp_path / "ade", img_size=64, train=2, val=2)
     settings = {"root": str(root), "num_classes": 5, "img_size": 64, "num_workers": 0}
     val = sorted((root / "images" / "validation").glob("*.png"))
     grey = np.asarray(Image.open(val[0]).convert("L"))

@@ -31,7 +31,7 @@ from splitlab.metrics import VQA_ANSWER_TYPES
 @pytest.fixture(scope="module")
 def vqa_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny official-layout set, read only (tests that break files copy it first)."""
-    return generate_vqa(tmp_path_factory.mktemp("vqa") / "vqa", image_size=64, train=4, val=2, seed=0)
+    return generate_vqa(tmp_path_factory.mktemp("vqa") / "vqa", img_size=64, train=4, val=2, seed=0)
 
 
 def _copy(root: Path, to: Path) -> Path:
@@ -166,7 +166,7 @@ def test_one_patterned_square_the_one_asked_about(tmp_path: Path) -> None:
         assert max(v for v, s in zip(spread, squares, strict=True) if s["pattern"] is None) < 1
     root = generate_vqa(
         tmp_path / "one",
-        image_size=64,
+        img_size=64,
         train=6,
         val=2,
         seed=1,
@@ -205,16 +205,16 @@ def test_one_patterned_square_the_one_asked_about(tmp_path: Path) -> None:
 )
 def test_generator_settings_are_checked(tmp_path: Path, setting: dict, named: str) -> None:
     with pytest.raises(ValueError, match=re.escape(named)):
-        generate_vqa(tmp_path / "bad", image_size=64, train=1, val=1, **setting)
+        generate_vqa(tmp_path / "bad", img_size=64, train=1, val=1, **setting)
 
 
 def test_same_seed_same_files(tmp_path: Path) -> None:
     def files(root: Path) -> dict[str, bytes]:
         return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
-    a = files(generate_vqa(tmp_path / "a", image_size=48, train=2, val=1, seed=5))
-    b = files(generate_vqa(tmp_path / "b", image_size=48, train=2, val=1, seed=5))
-    c = files(generate_vqa(tmp_path / "c", image_size=48, train=2, val=1, seed=6))
+    a = files(generate_vqa(tmp_path / "a", img_size=48, train=2, val=1, seed=5))
+    b = files(generate_vqa(tmp_path / "b", img_size=48, train=2, val=1, seed=5))
+    c = files(generate_vqa(tmp_path / "c", img_size=48, train=2, val=1, seed=6))
     assert a == b and a != c
 
 
@@ -234,7 +234,7 @@ def _digest(root: Path) -> str:
 def test_the_default_and_the_twins_scenes_are_unchanged(tmp_path: Path) -> None:
     """The shape, pattern, count and background settings leave the original scenes as they were
     (digests of the generator before those settings): the twin's measured numbers stand."""
-    default = generate_vqa(tmp_path / "default", image_size=64, train=3, val=2, seed=7)
+    default = generate_vqa(tmp_path / "default", img_size=64, train=3, val=2, seed=7)
     assert _digest(default) == "a036c6e9e1f896f520d409fb11531c57919b5e23dea5124e26f85e5fb09206f7"
     twin = {**SCENES["twin"], "train": 3, "val": 2}
     assert _digest(generate_vqa(tmp_path / "twin", seed=7, **twin)) == (
@@ -428,7 +428,7 @@ def test_hf_test_split_without_answers(tmp_path: Path) -> None:
 
 
 def test_hf_round_trip(tmp_path: Path, vqa_root: Path) -> None:
-    hf = generate_vqa(tmp_path / "hf", image_size=64, train=4, val=2, seed=0, fmt="hf")
+    hf = generate_vqa(tmp_path / "hf", img_size=64, train=4, val=2, seed=0, fmt="hf")
     assert (hf / "vocab.json").read_text() == (vqa_root / "vocab.json").read_text()
     from_hf = VQAv2Data(hf_dataset=str(hf), img_size=64, batch_size=2, num_workers=0)
     from_hf.setup("fit")
@@ -584,15 +584,15 @@ def test_settings_are_checked(tmp_path: Path, vqa_root: Path) -> None:
         VQAv2Data(root=str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="data.max_questions=0"):
         VQAv2Data(root=str(vqa_root), max_questions=0)
-    with pytest.raises(ValueError, match="image_size=32"):
-        generate_vqa(tmp_path / "small", image_size=32)
+    with pytest.raises(ValueError, match="img_size=32"):
+        generate_vqa(tmp_path / "small", img_size=32)
 
 
 def test_command_writes_the_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from splitlab.commands import run
 
     out = tmp_path / "cli"
-    assert run(["data", "vqa", "--out", str(out), "--train", "2", "--val", "1", "--image-size", "64"]) == 0
+    assert run(["data", "vqa", "--out", str(out), "--train", "2", "--val", "1", "--img-size", "64"]) == 0
     assert str(out) in capsys.readouterr().out
     assert (out / "v2_OpenEnded_mscoco_train2014_questions.json").is_file()
     assert len(list((out / "val2014").glob("COCO_val2014_*.png"))) == 1

@@ -240,7 +240,7 @@ def test_a_checkpoint_keeps_the_prompt_it_was_trained_with(tmp_path) -> None:
 
     old = "USER: <image>\n{question} Answer the question using a single word or phrase. ASSISTANT:"
     (tmp_path / "vocab.json").write_text(json.dumps(WORDS))
-    settings = {"lm": LM, "tokenizer": str(tmp_path / "vocab.json"), **TINY}
+    settings = {"lm": LM, "lm_tokenizer": str(tmp_path / "vocab.json"), **TINY}
     task = VQATask(prompt=old, **settings)
     checkpoint = {
         "state_dict": task.state_dict(),

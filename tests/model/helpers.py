@@ -47,7 +47,7 @@ def vqa_head(folder: Path) -> dict:
 
     vocab = folder / "vocab.json"
     vocab.write_text(json.dumps(WORDS))
-    return {"lm": LM, "tokenizer": str(vocab), "prompt": "<image> {question}", "max_new_tokens": 3}
+    return {"lm": LM, "lm_tokenizer": str(vocab), "prompt": "<image> {question}", "max_new_tokens": 3}
 
 
 def tiny_model(task: str, folder: Path | None = None, **settings) -> SplitModel:

@@ -35,7 +35,7 @@ def test_the_uniform_layout_is_the_timm_model_and_the_saved_model_rebuilds_it(kw
 
 
 def test_a_conditioned_policy_and_another_task(tmp_path) -> None:
-    model = SplitModel.from_timm(vit(depth=4), levels=[32, 16, 8], budgets=[0.3, 0.7], task="segmentation",
+    model = SplitModel.from_timm(vit(depth=4), levels=[32, 16, 8], budget_range=[0.3, 0.7], task="segmentation",
                                  head={"num_classes": 5})  # fmt: skip
     assert model.task == "segmentation" and model.tokenizer.budget_conditioned
     assert model.tokenizer.operating_points.budgets.tolist() == pytest.approx([0.3, 0.4, 0.5, 0.6, 0.7])

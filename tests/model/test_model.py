@@ -189,7 +189,7 @@ def test_a_checkpoint_of_a_task_loads_as_its_model(tmp_path) -> None:
     from splitlab.tasks import ClassificationTask
     from tests.tasks.test_per_image_loss import TINY
 
-    task = ClassificationTask(num_classes=4, budgets=[0.3, 0.7], **TINY).eval()
+    task = ClassificationTask(num_classes=4, budget_range=[0.3, 0.7], **TINY).eval()
     torch.nn.init.normal_(task.model.tokenizer.decision.mlp.fc2.weight, std=1.0)
 
     def written(name: str, names: list[str]) -> dict:

@@ -52,7 +52,7 @@ def test_the_data_modules_evaluate_on_the_models_input(tmp_path) -> None:
     before normalising, detection with the mean colour after)."""
     from splitlab.data import ADE20KData, CocoDetectionData, generate_ade20k, generate_coco
 
-    ade = generate_ade20k(tmp_path / "ade", image_size=64, train=2, val=2)
+    ade = generate_ade20k(tmp_path / "ade", img_size=64, train=2, val=2)
     data = ADE20KData(root=str(ade), img_size=96, num_workers=0, batch_size=2)
     data.setup("validate")
     folder = data.datasets["val"].dataset
@@ -60,7 +60,7 @@ def test_the_data_modules_evaluate_on_the_models_input(tmp_path) -> None:
     assert torch.equal(image, data.preprocessing(Image.open(folder.pairs[0][0]))[0])
     assert data.preprocessing.pad_fill == "black"
 
-    coco = generate_coco(tmp_path / "coco", image_size=64, train=2, val=2)
+    coco = generate_coco(tmp_path / "coco", img_size=64, train=2, val=2)
     data = CocoDetectionData(root=str(coco), img_size=96, num_workers=0)
     data.setup("validate")
     ds = data.datasets["val"].dataset

@@ -30,7 +30,9 @@ LOSSLESS = (
 def picture(seed: int = 0, width: int = 32, height: int = 24) -> np.ndarray:
     """A shapes picture (vertical stripes) as 8-bit grey spanning 0..255, each pixel a flat
     `BLOCK` x `BLOCK` block: ``(height * BLOCK, width * BLOCK)`` uint8, wider than high."""
-    rgb, _ = render("vstripes", np.random.default_rng(seed), size=max(width, height), object_size=(10, 14))
+    rgb, _ = render(
+        "vstripes", np.random.default_rng(seed), img_size=max(width, height), object_size=(10, 14)
+    )
     grey = rgb[:height, :width].astype(np.float64).mean(-1)
     grey = np.round((grey - grey.min()) * 255 / (grey.max() - grey.min())).astype(np.uint8)
     return np.kron(grey, np.ones((BLOCK, BLOCK), dtype=np.uint8))

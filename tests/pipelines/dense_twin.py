@@ -32,7 +32,7 @@ class DenseTwinChecks:
         assert record["metric"] == self.metric and record["stage"] == "fit" and record["lambda"] >= 0
         assert set(record["policies"]) == {"learned", "uniform", "random", "entropy", "oracle"}
         learned, uniform = record["policies"]["learned"], record["policies"]["uniform"]
-        assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+        assert abs(learned["token_fraction_mean"] - record["budget"]) <= 0.03
         for baseline in ("random", "entropy", "oracle"):  # compared at the learned layout's fraction
             fraction = record["policies"][baseline]["token_fraction_mean"]
             assert abs(fraction - learned["token_fraction_mean"]) <= 0.03

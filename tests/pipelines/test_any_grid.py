@@ -29,7 +29,7 @@ def test_an_odd_grid_trains_meets_its_budget_and_stays_timm_on_the_uniform_layou
         tmp_path,
         f"--model.init_args.backbone_kwargs.img_size={img_size}",
         "--model.init_args.backbone_kwargs.patch_size=2",
-        "--model.init_args.levels=[8,4,2]",
+        "--model.init_args.tokenizer.levels=[8,4,2]",
     )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["trained_policy"] == "learned"

@@ -62,54 +62,66 @@ def fit_args(root, log_dir, *extra: str) -> list[str]:
 # ------------------------------------------------------------------------------------- settings
 SETTINGS = [
     (
-        "--model.init_args.target_fraction=0.05",
-        "target_fraction=0.05 is outside the range levels=(32, 16, 8) can reach",
+        "--model.init_args.budget=0.05",
+        "budget=0.05 is outside the range levels=(32, 16, 8) can reach",
     ),
     (
         "--model.init_args.backbone=vit_nonexistent_patch16",
         "model_name='vit_nonexistent_patch16' is not a timm model",
     ),
     (
-        "--model.init_args.levels=[32,24,8]",
+        "--model.init_args.tokenizer.levels=[32,24,8]",
         "levels=(32, 24, 8): each level must be exactly half the previous one",
     ),
-    ("--model.init_args.levels=[64,32,16]", "the finest level must equal the backbone's patch size (8)"),
     (
-        "--model.init_args.levels=[32,16]",
+        "--model.init_args.tokenizer.levels=[64,32,16]",
         "the finest level must equal the backbone's patch size (8)",
     ),
-    ("--model.init_args.attn_backend=turbo", "attn_backend='turbo': expected 'auto' or one of"),
-    ("--model.init_args.eval_baselines=[apt]", "eval_baselines=['apt']: unknown ['apt']"),
+    (
+        "--model.init_args.tokenizer.levels=[32,16]",
+        "the finest level must equal the backbone's patch size (8)",
+    ),
+    (
+        "--model.init_args.backbone_kwargs.attn_backend=turbo",
+        "attn_backend='turbo': expected 'auto' or one of",
+    ),
+    ("--model.init_args.evaluation.eval_baselines=[apt]", "eval_baselines=['apt']: unknown ['apt']"),
     (
         "--data.init_args.objects=null",
         "eval_baselines with oracle need annotations that say where the objects are, and this data gives none",
     ),
-    ("--model.init_args.decision_context=neighbours", "decision_context='neighbours': expected one of"),
-    ("--model.init_args.label_source=boxes", "label_source='boxes': expected one of"),
+    (
+        "--model.init_args.tokenizer.decision_context=neighbours",
+        "decision_context='neighbours': expected one of",
+    ),
+    ("--model.init_args.warm_start.label_source=boxes", "label_source='boxes': expected one of"),
     ("--data.init_args.objects=nowhere.json", "data.init_args.objects="),
     (
-        "--model.init_args.budgets=[0.7,0.3]",
-        "budgets=[0.7, 0.3]: the lowest budget must be below the highest",
+        "--model.init_args.budget_range=[0.7,0.3]",
+        "budget_range=[0.7, 0.3]: the lowest budget must be below the highest",
     ),
-    ("--model.init_args.budgets=[0.01,0.5]", "budgets=0.01 is outside the range"),
+    ("--model.init_args.budget_range=[0.01,0.5]", "budget_points=0.01 is outside the range"),
     ("--model.init_args.max_fraction=0.05", "max_fraction=0.05 is outside the range"),
-    ("--model.init_args.max_fraction=0.3", "max_fraction=0.3 is below target_fraction=0.5"),
-    ("--model.init_args.budgets=[0.3,1.2]", "budgets=[0.3, 1.2]: budgets are token fractions in (0, 1]"),
+    ("--model.init_args.max_fraction=0.3", "max_fraction=0.3 is below budget=0.5"),
+    (
+        "--model.init_args.budget_range=[0.3,1.2]",
+        "budget_range=[0.3, 1.2]: budgets are token fractions in (0, 1]",
+    ),
     (
         "--model.init_args.global_pool=map",
         "global_pool='map': the backbone was built with global_pool='token' and timm cannot change it",
     ),
     (
-        "--model.init_args.eval_budgets=[0.9]",
+        "--model.init_args.evaluation.eval_budgets=[0.9]",
         "eval_budgets=0.9: this policy was trained for budgets [0.3, 0.7]",
     ),
     (
-        "--model.init_args.target_fraction=0.8",
-        "target_fraction=0.8: this policy was trained for budgets [0.3, 0.7]",
+        "--model.init_args.budget=0.8",
+        "budget=0.8: this policy was trained for budgets [0.3, 0.7]",
     ),
-    ("--model.init_args.decision_dim=15", "decision_dim=15 must be divisible by decision_heads=2"),
+    ("--model.init_args.tokenizer.decision_dim=15", "decision_dim=15 must be divisible by decision_heads=2"),
     ("--model.init_args.global_pool=gem", "global_pool='gem': expected one of ('token', 'avg'"),
-    ("--model.init_args.target_fraction=abc", 'Parser key "target_fraction"'),
+    ("--model.init_args.budget=abc", 'Parser key "budget"'),
     (
         "--model.init_args.init_checkpoint=/no/such.ckpt",
         "init_checkpoint='/no/such.ckpt': no such checkpoint file",
@@ -455,15 +467,20 @@ def test_last_with_nothing_to_resume(shapes_root, tmp_path, capsys) -> None:
 
 def test_a_resume_with_changed_training_settings_is_refused(shapes_root, trained, tmp_path, capsys) -> None:
     args = [
-        *fit_args(shapes_root, tmp_path, "--model.init_args.lr=0.002", "--model.init_args.budgets=[0.2,0.7]"),
+        *fit_args(
+            shapes_root,
+            tmp_path,
+            "--model.init_args.optim.lr=0.002",
+            "--model.init_args.budget_range=[0.2,0.7]",
+        ),
         f"--ckpt_path={trained}",
     ]
     fails(
         capsys,
         args,
         "cannot change now",
-        "lr: checkpoint 0.0005, given 0.002",
-        "budgets: checkpoint [0.3, 0.7], given [0.2, 0.7]",
+        "optim.lr: checkpoint 0.0005, given 0.002",
+        "budget_range: checkpoint [0.3, 0.7], given [0.2, 0.7]",
     )
 
 
@@ -689,13 +706,13 @@ COMMANDS = [
         "--images /no/such/folder",
     ),
     (["curve", "/no/such/run"], "RUN_DIR/config.yaml: /no/such/run/config.yaml not found"),
-    (["curve", ".", "--budgets", ""], "give at least one fraction"),
+    (["curve", ".", "--eval-budgets", ""], "give at least one fraction"),
     (
-        ["data", "shapes", "--out", "x", "--image-size", "-4"],
-        "argument --image-size: -4 is not a positive integer",
+        ["data", "shapes", "--out", "x", "--img-size", "-4"],
+        "argument --img-size: -4 is not a positive integer",
     ),
-    (["data", "shapes", "--out", "x", "--image-size", "16"], "image_size=16: use at least 32 px"),
-    (["data", "coco", "--out", "x", "--image-size", "8"], "image_size=8: use at least 32 px"),
+    (["data", "shapes", "--out", "x", "--img-size", "16"], "img_size=16: use at least 32 px"),
+    (["data", "coco", "--out", "x", "--img-size", "8"], "img_size=8: use at least 32 px"),
     (["data", "ade20k", "--out", "x", "--seed", "-1"], "argument --seed: -1 is not a seed in [0, 2**32)"),
     (["demo", "--seed", "4294967296"], "argument --seed: 4294967296 is not a seed"),
 ]

@@ -20,14 +20,14 @@ def check_detection(record: dict, seed: int, measured) -> None:
         record["policies"][p] for p in ("learned", "uniform", "random", "entropy", "oracle")
     )
     measured(  # the numbers belong in the CI log
-        f"coco seed {seed} @{record['target_fraction']:g}: learned mAP {learned['map']:.3f} at fraction "
+        f"coco seed {seed} @{record['budget']:g}: learned mAP {learned['map']:.3f} at fraction "
         f"{learned['token_fraction_mean']:.3f} (object fine coverage {learned['object_fine_coverage']:.3f}), "
         f"uniform {uniform['map']:.3f}, oracle {oracle['map']:.3f}, random {random['map']:.3f} "
         f"({random['object_fine_coverage']:.3f}), entropy {entropy['map']:.3f}"
     )
-    assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    assert abs(learned["token_fraction_mean"] - record["budget"]) <= 0.03
     assert uniform["map"] >= 0.5, f"the dense stage left the uniform grid at mAP {uniform['map']:.3f}"
-    keeps = 0.85 if record["target_fraction"] <= 0.5 else 0.95
+    keeps = 0.85 if record["budget"] <= 0.5 else 0.95
     assert learned["map"] >= keeps * uniform["map"], (
         f"learned {learned['map']:.3f}, uniform {uniform['map']:.3f}"
     )
@@ -89,7 +89,7 @@ def test_detection_at_seven_tenths_of_the_tokens_keeps_the_uniform_grids_map(
     tmp_path, seed, measured
 ) -> None:
     """The paper's operating point: trained at 0.7 the policy keeps 95% of the uniform grid's mAP."""
-    extra = ["--model.init_args.target_fraction=0.7"]
+    extra = ["--model.init_args.budget=0.7"]
     check_detection(
         run_pipeline(tmp_path / "coco", seed=seed, quiet=True, task="coco", extra=extra), seed, measured
     )

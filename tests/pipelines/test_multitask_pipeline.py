@@ -18,8 +18,8 @@ def test_the_multitask_policy_beats_random_on_both_tasks(tmp_path, measured) -> 
     )
     assert learned["trained_policy"] == "multitask" and random["trained_policy"] == "random"
     row, other = learned["policies"]["multitask"], random["policies"]["random"]
-    assert abs(row["token_fraction_mean"] - learned["target_fraction"]) <= 0.03
-    assert abs(other["token_fraction_mean"] - random["target_fraction"]) <= 0.03
+    assert abs(row["token_fraction_mean"] - learned["budget"]) <= 0.03
+    assert abs(other["token_fraction_mean"] - random["budget"]) <= 0.03
     for task, metric in METRICS.items():
         measured(
             f"{task}: multi-task policy {row[metric]:.3f} at {row['token_fraction_mean']:.3f}, random trained "

@@ -102,8 +102,8 @@ def test_learned_policy_meets_every_budget_and_beats_the_baselines(busy, tmp_pat
         f"--trainer.default_root_dir={capped}",
         "--trainer.enable_progress_bar=false",
         "--model.init_args.max_fraction=0.5",
-        "--model.init_args.eval_budgets=[]",
-        "--model.init_args.eval_baselines=[]",
+        "--model.init_args.evaluation.eval_budgets=[]",
+        "--model.init_args.evaluation.eval_baselines=[]",
     ]
     lightning_main(["validate", *args, f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}"])
     row = json.loads((capped / "summary.json").read_text())["policies"]["learned"]
@@ -175,8 +175,8 @@ def test_regression_across_seeds(tmp_path, seed, measured) -> None:
 
 NO_ANNOTATIONS = (
     "--data.init_args.objects=null",
-    "--model.init_args.label_source=embedding",
-    "--model.init_args.eval_baselines=[uniform,random,entropy]",
+    "--model.init_args.warm_start.label_source=embedding",
+    "--model.init_args.evaluation.eval_baselines=[uniform,random,entropy]",
 )
 
 

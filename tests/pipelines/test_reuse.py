@@ -21,7 +21,7 @@ def test_a_transferred_policy_beats_random_on_both_dense_twins(tmp_path, measure
             task=task,
             policy="transferred",
             reuse=tmp_path / task,
-            extra=[f"--model.init_args.policy_checkpoint={tmp_path / other}"],
+            extra=[f"--model.init_args.policy_options.policy_checkpoint={tmp_path / other}"],
         )
         metric = TASKS[task]
         transferred, random = record["policies"]["transferred"], record["policies"]["random"]
@@ -31,5 +31,5 @@ def test_a_transferred_policy_beats_random_on_both_dense_twins(tmp_path, measure
             f"random {random[metric]:.3f}, the task's own learned {learned[metric]:.3f}"
         )
         assert record["trained_policy"] == "transferred"
-        assert abs(transferred["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+        assert abs(transferred["token_fraction_mean"] - record["budget"]) <= 0.03
         assert transferred[metric] >= random[metric] + 0.10

@@ -118,7 +118,7 @@ def test_a_checkpoint_cut_short_leaves_the_last_whole_and_last_skips_an_unreadab
     ("extra", "message"),
     [
         (
-            ["--model.init_args.max_fraction=0.6", "--model.init_args.eval_budgets=[0.7]"],
+            ["--model.init_args.max_fraction=0.6", "--model.init_args.evaluation.eval_budgets=[0.7]"],
             "max_fraction=0.6 is below eval_budgets=0.7: a cap under the budget",
         ),
         (["--data.init_args.root={bad}"], "class folder(s) ['checks'] in train/ hold no image files"),
@@ -197,7 +197,7 @@ def test_sub_pixel_boxes_are_counted_and_empty_labels_are_no_score(tmp_path) -> 
     from splitlab.tokenizer import SplitTokenizer
     from tests.helpers import layout_of
 
-    root = generate_coco(tmp_path / "coco", image_size=64, train=2, val=2)
+    root = generate_coco(tmp_path / "coco", img_size=64, train=2, val=2)
     path = root / "annotations" / "instances_train2017.json"
     doc = json.loads(path.read_text())
     doc["annotations"][0]["bbox"] = [10, 10, 0.4, 5]  # 0.4 px wide: nothing to train on
@@ -206,7 +206,9 @@ def test_sub_pixel_boxes_are_counted_and_empty_labels_are_no_score(tmp_path) -> 
     with pytest.warns(
         UserWarning, match="1 box\\(es\\) under a pixel at the network's input size \\(64 px\\)"
     ):
-        CocoDetection(root / "train2017", path, letterbox(prep, True), masks=False, size=64, training=True)
+        CocoDetection(
+            root / "train2017", path, letterbox(prep, True), masks=False, img_size=64, training=True
+        )
 
     coverage = FineCoverage(16, ignore_index=255)
     vit = PackedViT("test_vit", img_size=64, depth=1)
@@ -230,7 +232,7 @@ def test_the_vqa_vocabulary_of_any_vqav2_folder(tmp_path, capsys) -> None:
     from splitlab.data import generate_vqa
     from splitlab.heads.vqa import build_tokenizer
 
-    root = generate_vqa(tmp_path / "vqa", image_size=48, train=4, val=2, seed=0)
+    root = generate_vqa(tmp_path / "vqa", img_size=48, train=4, val=2, seed=0)
     made = json.loads((root / "vocab.json").read_text())
     (root / "vocab.json").unlink()
     with pytest.raises(FileNotFoundError, match="splitlab data vqa-vocab DATA_ROOT"):

@@ -23,7 +23,7 @@ def check_segmentation(record: dict, seed: int, measured) -> None:
         f"uniform {uniform['miou']:.3f}, oracle {oracle['miou']:.3f}, random {random['miou']:.3f}, "
         f"entropy {entropy['miou']:.3f} (coverage {entropy['object_fine_coverage']:.3f})"
     )
-    assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    assert abs(learned["token_fraction_mean"] - record["budget"]) <= 0.03
     assert learned["miou"] >= 0.97 * uniform["miou"], (
         f"learned {learned['miou']:.3f}, uniform {uniform['miou']:.3f}"
     )

@@ -47,7 +47,7 @@ def test_the_vqa_twin_meets_its_budget_and_reports_every_accuracy(vqa_run, measu
     )
     assert record["task"] == "vqa" and record["metric"] == "vqa_accuracy"
     assert set(rows) == {"learned", "uniform", "random", "entropy"}
-    assert abs(rows["learned"]["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    assert abs(rows["learned"]["token_fraction_mean"] - record["budget"]) <= 0.03
     for row in rows.values():
         assert {"vqa_yes_no", "vqa_number", "vqa_other", *KINDS} <= set(row)
         assert row["metric"] == pytest.approx(row["vqa_accuracy"])
@@ -84,7 +84,7 @@ def test_predict_from_the_checkpoint_writes_the_answers_validation_scored(vqa_ru
     args = [
         *twin_configs("vqa"),
         f"--data.init_args.root={data}",
-        f"--model.init_args.tokenizer={out / 'data' / 'vocab.json'}",
+        f"--model.init_args.lm_tokenizer={out / 'data' / 'vocab.json'}",
         "--trainer.logger=false",
         f"--trainer.default_root_dir={tmp_path}",
         "--trainer.enable_progress_bar=false",
@@ -127,13 +127,13 @@ def test_a_siglip_shaped_tower_trains_through_both_stages(tmp_path) -> None:
             "fit",
             *twin_configs("vqa"),
             f"--data.init_args.root={root}",
-            f"--model.init_args.tokenizer={root / 'vocab.json'}",
+            f"--model.init_args.lm_tokenizer={root / 'vocab.json'}",
             "--model.init_args.backbone=vit_base_patch16_siglip_224",
             '--model.init_args.backbone_kwargs={"img_size": 54, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2}',
-            "--model.init_args.levels=[8,4,2]",
-            "--model.init_args.decision_dim=16",
-            "--model.init_args.decision_heads=2",
-            "--model.init_args.eval_baselines=[uniform]",
+            "--model.init_args.tokenizer.levels=[8,4,2]",
+            "--model.init_args.tokenizer.decision_dim=16",
+            "--model.init_args.tokenizer.decision_heads=2",
+            "--model.init_args.evaluation.eval_baselines=[uniform]",
             "--model.init_args.ppo.samples=2",
             "--model.init_args.ppo.epochs=1",
             "--data.init_args.batch_size=8",
@@ -146,7 +146,7 @@ def test_a_siglip_shaped_tower_trains_through_both_stages(tmp_path) -> None:
     )
     record = json.loads((out / "summary.json").read_text())
     assert record["trained_policy"] == "learned"  # PPO ran (a policy it never trained says imitation)
-    assert abs(record["policies"]["learned"]["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    assert abs(record["policies"]["learned"]["token_fraction_mean"] - record["budget"]) <= 0.03
     model = splitlab.load(out).eval()
     vit = model.backbone.model
     assert (
@@ -170,13 +170,13 @@ def test_predict_on_two_ranks_writes_one_results_file(tmp_path) -> None:
     which answers is not the question here, whose and how many (the checkpoint's: the one-rank test)."""
     from splitlab.data import generate_vqa
 
-    root = generate_vqa(tmp_path / "data", image_size=64, train=4, val=7, seed=0)
+    root = generate_vqa(tmp_path / "data", img_size=64, train=4, val=7, seed=0)
     launch(
         [
             "predict",
             *twin_configs("vqa"),
             f"--data.init_args.root={root}",
-            f"--model.init_args.tokenizer={root / 'vocab.json'}",
+            f"--model.init_args.lm_tokenizer={root / 'vocab.json'}",
             "--trainer.logger=false",
             f"--trainer.default_root_dir={tmp_path / 'out'}",
             "--trainer.enable_progress_bar=false",
@@ -202,7 +202,7 @@ def test_the_vqa_twin_meets_its_budget_across_seeds(tmp_path, seed, measured) ->
         f"at {learned['token_fraction_mean']:.3f}; random {random['metric']:.3f} "
         f"(pattern {random['vqa_q_what_pattern']:.3f})"
     )
-    assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    assert abs(learned["token_fraction_mean"] - record["budget"]) <= 0.03
     assert learned["vqa_q_what_pattern"] >= random["vqa_q_what_pattern"] + 0.10
 
 
@@ -243,7 +243,7 @@ def test_the_vqa_twin_reads_fine_detail_on_scenes_it_was_not_built_around(tmp_pa
         )
     )
     learned, uniform, random = rows["learned"], rows["uniform"], rows["random"]
-    assert abs(learned["token_fraction_mean"] - record["target_fraction"]) <= 0.03
+    assert abs(learned["token_fraction_mean"] - record["budget"]) <= 0.03
     assert abs(random["token_fraction_mean"] - learned["token_fraction_mean"]) <= 0.05  # matched fraction
     assert uniform[pattern] >= 0.9
     assert learned[pattern] >= random[pattern] + 0.10

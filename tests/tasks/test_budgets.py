@@ -18,7 +18,7 @@ from tests.helpers import fit, schedule_args, tiny_args
 def conditioned(shapes_root, tmp_path_factory):
     """A tiny budget-conditioned run (budgets 0.3-0.7, deployed at 0.5), evaluated at 0.3 too."""
     out = tmp_path_factory.mktemp("conditioned")
-    fit(shapes_root, out, *schedule_args(1, 1), "--model.init_args.eval_budgets=[0.3]")
+    fit(shapes_root, out, *schedule_args(1, 1), "--model.init_args.evaluation.eval_budgets=[0.3]")
     return out
 
 
@@ -51,18 +51,14 @@ def test_one_policy_serves_several_budgets(conditioned) -> None:
 def test_the_budget_given_at_validate_takes_effect(conditioned, shapes_root, tmp_path) -> None:
     ckpt = conditioned / "checkpoints" / "last.ckpt"
     at_half = summary_of("validate", shapes_root, ckpt, tmp_path / "a")
-    lower = summary_of(
-        "validate", shapes_root, ckpt, tmp_path / "b", "--model.init_args.target_fraction=0.35"
-    )
-    assert at_half["target_fraction"] == 0.5 and lower["target_fraction"] == 0.35
+    lower = summary_of("validate", shapes_root, ckpt, tmp_path / "b", "--model.init_args.budget=0.35")
+    assert at_half["budget"] == 0.5 and lower["budget"] == 0.35
     assert (
         lower["policies"]["learned"]["token_fraction_mean"]
         < at_half["policies"]["learned"]["token_fraction_mean"]
     )
-    with pytest.raises(
-        ValueError, match=r"target_fraction=0.9: this policy was trained for budgets \[0.3, 0.7\]"
-    ):
-        summary_of("validate", shapes_root, ckpt, tmp_path / "c", "--model.init_args.target_fraction=0.9")
+    with pytest.raises(ValueError, match=r"budget=0.9: this policy was trained for budgets \[0.3, 0.7\]"):
+        summary_of("validate", shapes_root, ckpt, tmp_path / "c", "--model.init_args.budget=0.9")
 
 
 def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path, caplog) -> None:
@@ -74,7 +70,7 @@ def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path, c
             ckpt,
             tmp_path,
             "--model.init_args.max_fraction=0.4",
-            "--model.init_args.target_fraction=0.4",
+            "--model.init_args.budget=0.4",
         )
     # 0.4 of 64 tokens is 25.6: 25 allowed, 4 coarse + 3 per split keeps 25, i.e. 0.391 < 0.4, said once
     said = [r.getMessage() for r in caplog.records if "out of reach" in r.getMessage()]
@@ -109,15 +105,16 @@ def test_the_hard_cap_holds_on_every_image(conditioned, shapes_root, tmp_path, c
         shapes_root,
         ckpt,
         tmp_path / "alone",
-        "--model.init_args.eval_budgets=null",
-        "--model.init_args.eval_baselines=null",
+        # the group given whole, as a config file gives it: jsonargparse reads a nested field's
+        # ``=null`` on the command line as the text "None"
+        '--model.init_args.evaluation={"eval_budgets": null, "eval_baselines": null}',
     )
     assert set(alone["policies"]) == {"learned"}
 
 
 def test_the_hard_cap_binds_a_deployed_baseline(shapes_root, tmp_path) -> None:
     """APT trained in the pipeline is the deployed policy: the cap holds for it as for SPLIT."""
-    fixed = ["--model.init_args.policy=entropy", "--model.init_args.budgets=null"]
+    fixed = ["--model.init_args.policy=entropy", "--model.init_args.budget_range=null"]
     fit(shapes_root, tmp_path / "apt", *schedule_args(1, 0), *fixed)
     ckpt = tmp_path / "apt" / "checkpoints" / "last.ckpt"
     free = summary_of("validate", shapes_root, ckpt, tmp_path / "free", *fixed)
@@ -129,16 +126,14 @@ def test_the_hard_cap_binds_a_deployed_baseline(shapes_root, tmp_path) -> None:
 
 
 def test_an_unconditioned_policy_refuses_another_budget(shapes_root, tmp_path) -> None:
-    single = ["--model.init_args.budgets=null"]
+    single = ["--model.init_args.budget_range=null"]
     fit(shapes_root, tmp_path / "run", *schedule_args(1, 0), *single)
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     with pytest.raises(ValueError, match="the checkpoint's policy was trained for budgets 0.5 only"):
-        summary_of(
-            "validate", shapes_root, ckpt, tmp_path / "v", *single, "--model.init_args.target_fraction=0.3"
-        )
+        summary_of("validate", shapes_root, ckpt, tmp_path / "v", *single, "--model.init_args.budget=0.3")
     # an extra evaluation budget is refused without naming a wrong trained budget (the overridden 0.4)
     with pytest.raises(
-        ValueError, match=r"eval_budgets=0.3: a policy trained for one budget \(budgets: null\)"
+        ValueError, match=r"eval_budgets=0.3: a policy trained for one budget \(budget_range: null\)"
     ):
         summary_of(
             "validate",
@@ -146,37 +141,43 @@ def test_an_unconditioned_policy_refuses_another_budget(shapes_root, tmp_path) -
             ckpt,
             tmp_path / "w",
             *single,
-            "--model.init_args.target_fraction=0.4",
-            "--model.init_args.eval_budgets=[0.3]",
+            "--model.init_args.budget=0.4",
+            "--model.init_args.evaluation.eval_budgets=[0.3]",
         )
     config = next((tmp_path / "run").rglob("config.yaml"))
-    with pytest.raises(ValueError, match=r"policy was trained for budget 0.5 only \(budgets: null\)"):
-        run(["curve", str(config.parent), "--ckpt", str(ckpt), "--budgets", "0.3,0.5"])
+    with pytest.raises(ValueError, match=r"policy was trained for budget 0.5 only \(budget_range: null\)"):
+        run(["curve", str(config.parent), "--ckpt", str(ckpt), "--eval-budgets", "0.3,0.5"])
 
 
 def test_a_resumed_fit_refuses_changed_training_settings(conditioned, shapes_root, tmp_path) -> None:
     ckpt = conditioned / "checkpoints" / "last.ckpt"
-    with pytest.raises(ValueError, match=r"cannot change now: lr: checkpoint 0.0005, given 0.002"):
-        fit(shapes_root, tmp_path, *schedule_args(1, 2), "--model.init_args.lr=0.002", f"--ckpt_path={ckpt}")
+    with pytest.raises(ValueError, match=r"cannot change now: optim.lr: checkpoint 0.0005, given 0.002"):
+        fit(
+            shapes_root,
+            tmp_path,
+            *schedule_args(1, 2),
+            "--model.init_args.optim.lr=0.002",
+            f"--ckpt_path={ckpt}",
+        )
 
 
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
         (
-            "--model.init_args.budgets=[0.01,0.5]",
-            r"budgets=0.01 is outside the range levels=\(32, 16, 8\) can reach",
+            "--model.init_args.budget_range=[0.01,0.5]",
+            r"budget_points=0.01 is outside the range levels=\(32, 16, 8\) can reach",
         ),
         ("--model.init_args.max_fraction=0.05", r"max_fraction=0.05 is outside the range"),
         (
-            "--model.init_args.eval_budgets=[0.9]",
+            "--model.init_args.evaluation.eval_budgets=[0.9]",
             r"eval_budgets=0.9: this policy was trained for budgets \[0.3, 0.7\]",
         ),
         (
-            "--model.init_args.target_fraction=0.8",
-            r"target_fraction=0.8: this policy was trained for budgets",
+            "--model.init_args.budget=0.8",
+            r"budget=0.8: this policy was trained for budgets",
         ),
-        ("--model.init_args.budgets=[0.7,0.3]", "the lowest budget must be below the highest"),
+        ("--model.init_args.budget_range=[0.7,0.3]", "the lowest budget must be below the highest"),
     ],
 )
 def test_bad_budget_settings_are_refused(shapes_root, tmp_path, setting, message) -> None:
@@ -186,7 +187,7 @@ def test_bad_budget_settings_are_refused(shapes_root, tmp_path, setting, message
 
 def test_curve_of_a_run(conditioned, shapes_root, tmp_path) -> None:
     out = tmp_path / "curve"
-    args = ["curve", str(conditioned), "--budgets", "0.35,0.6", "--out", str(out)]
+    args = ["curve", str(conditioned), "--eval-budgets", "0.35,0.6", "--out", str(out)]
     # an override as two words, as a shell user types it, is passed on as one
     assert run([*args, "--data.init_args.root", str(shapes_root), "--trainer.enable_progress_bar=false"]) == 0
     record = json.loads((out / "curve.json").read_text())
@@ -206,35 +207,37 @@ def test_curve_of_a_run(conditioned, shapes_root, tmp_path) -> None:
 
 
 def test_curve_defaults_to_the_budgets_a_run_serves(conditioned, tmp_path) -> None:
-    """Without ``--budgets``: a conditioned run's range ends and its target (one validate); a policy
+    """Without ``--eval-budgets``: a conditioned run's range ends and its target (one validate); a policy
     trained for one budget gets that budget's point (`one_point_curve` runs it on every dense task)."""
     import argparse
 
     from splitlab.commands.curve import curve_arguments
 
     argv, _ = curve_arguments(
-        argparse.Namespace(run_dir=str(conditioned), fractions=None, ckpt=None, out=None)
+        argparse.Namespace(run_dir=str(conditioned), eval_budgets=None, ckpt=None, out=None)
     )
     assert (
-        "--model.init_args.target_fraction=0.3" in argv
-        and "--model.init_args.eval_budgets=[0.5, 0.7]" in argv
+        "--model.init_args.budget=0.3" in argv
+        and "--model.init_args.evaluation.eval_budgets=[0.5, 0.7]" in argv
     )
     config = tmp_path / "config.yaml"  # the same run, as if trained for 0.4 alone
     text = (conditioned / "config.yaml").read_text()
     import yaml
 
     settings = yaml.safe_load(text)
-    settings["model"]["init_args"].update(budgets=None, target_fraction=0.4)
+    settings["model"]["init_args"].update(budget_range=None, budget=0.4)
     config.write_text(yaml.safe_dump(settings))
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
-    argv, _ = curve_arguments(argparse.Namespace(run_dir=str(tmp_path), fractions=None, ckpt=None, out=None))
-    assert "--model.init_args.target_fraction=0.4" in argv and "--model.init_args.eval_budgets=[]" in argv
+    argv, _ = curve_arguments(
+        argparse.Namespace(run_dir=str(tmp_path), eval_budgets=None, ckpt=None, out=None)
+    )
+    assert "--model.init_args.budget=0.4" in argv and "--model.init_args.evaluation.eval_budgets=[]" in argv
 
 
 def test_curve_refuses_budgets_outside_the_trained_range(conditioned) -> None:
-    with pytest.raises(ValueError, match=r"--budgets: 0.2 outside .* \(budgets: \[0.3, 0.7\]\)"):
-        run(["curve", str(conditioned), "--budgets", "0.2,0.5"])
+    with pytest.raises(ValueError, match=r"--eval-budgets: 0.2 outside .* \(budget_range: \[0.3, 0.7\]\)"):
+        run(["curve", str(conditioned), "--eval-budgets", "0.2,0.5"])
 
 
 @pytest.mark.parametrize(
@@ -243,12 +246,12 @@ def test_curve_refuses_budgets_outside_the_trained_range(conditioned) -> None:
 )
 def test_curve_refuses_bad_fractions(conditioned, capsys, fractions, message) -> None:
     with pytest.raises(SystemExit) as exit_:
-        run(["curve", str(conditioned), "--budgets", fractions])
+        run(["curve", str(conditioned), "--eval-budgets", fractions])
     assert exit_.value.code == 2 and message.replace("\\", "") in capsys.readouterr().err.replace("\\", "")
 
 
 def test_a_resumed_fit_deploys_the_budget_it_is_given(conditioned, shapes_root, tmp_path) -> None:
-    """`fit --ckpt_path X --model.init_args.target_fraction 0.35` on a conditioned policy: training goes
+    """`fit --ckpt_path X --model.init_args.budget 0.35` on a conditioned policy: training goes
     on over the trained range, and what the run deploys and reports is the budget given, not the
     checkpoint's 0.5 (never silently kept)."""
     epoch0 = next((conditioned / "checkpoints").glob("epoch=0-*.ckpt"))
@@ -256,13 +259,13 @@ def test_a_resumed_fit_deploys_the_budget_it_is_given(conditioned, shapes_root, 
         shapes_root,
         tmp_path,
         *schedule_args(1, 1),
-        "--model.init_args.eval_budgets=[0.3]",
-        "--model.init_args.target_fraction=0.35",
+        "--model.init_args.evaluation.eval_budgets=[0.3]",
+        "--model.init_args.budget=0.35",
         f"--ckpt_path={epoch0}",
     )
     record = json.loads((tmp_path / "summary.json").read_text())
     first = json.loads((conditioned / "summary.json").read_text())
-    assert first["target_fraction"] == 0.5 and record["target_fraction"] == 0.35
+    assert first["budget"] == 0.5 and record["budget"] == 0.35
     deployed = record["policies"]["learned"]["token_fraction_mean"]
     before = first["policies"]["learned"]["token_fraction_mean"]
     # 12 validation images and cuts calibrated on 24 of a policy whose logits lie within +-0.06: both
@@ -272,7 +275,7 @@ def test_a_resumed_fit_deploys_the_budget_it_is_given(conditioned, shapes_root, 
 
 
 def test_a_resumed_fit_of_an_unconditioned_policy_refuses_another_budget(shapes_root, tmp_path) -> None:
-    single = ["--model.init_args.budgets=null"]
+    single = ["--model.init_args.budget_range=null"]
     fit(shapes_root, tmp_path / "run", *schedule_args(1, 0), *single)
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     with pytest.raises(ValueError, match="the checkpoint's policy was trained for budgets 0.5 only"):
@@ -281,12 +284,12 @@ def test_a_resumed_fit_of_an_unconditioned_policy_refuses_another_budget(shapes_
             tmp_path / "again",
             *schedule_args(1, 1),
             *single,
-            "--model.init_args.target_fraction=0.3",
+            "--model.init_args.budget=0.3",
             f"--ckpt_path={ckpt}",
         )
 
 
-APT = ["--model.init_args.policy=entropy", "--model.init_args.budgets=null"]
+APT = ["--model.init_args.policy=entropy", "--model.init_args.budget_range=null"]
 
 
 def test_apt_thresholds_from_the_setting_are_its_cuts(shapes_root, tmp_path) -> None:
@@ -296,7 +299,11 @@ def test_apt_thresholds_from_the_setting_are_its_cuts(shapes_root, tmp_path) -> 
     from tests.tokenizer.test_baselines import hand_made_quadrants
 
     cli = fit(
-        shapes_root, tmp_path, *schedule_args(1, 0), *APT, "--model.init_args.entropy_thresholds=[1.0,1.5]"
+        shapes_root,
+        tmp_path,
+        *schedule_args(1, 0),
+        *APT,
+        "--model.init_args.policy_options.entropy_thresholds=[1.0,1.5]",
     )
     saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     assert (
@@ -315,15 +322,15 @@ def test_apt_thresholds_from_the_setting_are_its_cuts(shapes_root, tmp_path) -> 
     ("settings", "message"),
     [
         (
-            [*APT, "--model.init_args.entropy_thresholds=[5.5]"],
+            [*APT, "--model.init_args.policy_options.entropy_thresholds=[5.5]"],
             r"entropy_thresholds=\[5.5\]: expected 2 values in bits",
         ),
         (
-            ["--model.init_args.entropy_thresholds=[6.0,5.0]"],
+            ["--model.init_args.policy_options.entropy_thresholds=[6.0,5.0]"],
             r"entropy_thresholds=\[6.0, 5.0\] fixes the cuts of APT.*policy='learned'",
         ),
         (
-            [*APT, "--model.init_args.apt_search=grid"],
+            [*APT, "--model.init_args.policy_options.apt_search=grid"],
             r"apt_search='grid': expected one of \('metric', 'quantile'\)",
         ),
     ],

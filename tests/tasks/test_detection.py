@@ -10,7 +10,7 @@ import torch
 def test_detection_per_image_loss_and_metrics(tmp_path, detector) -> None:
     from splitlab.data import CocoDetectionData, generate_coco
 
-    root = generate_coco(tmp_path / "coco", image_size=64, train=4, val=2)
+    root = generate_coco(tmp_path / "coco", img_size=64, train=4, val=2)
     dm = CocoDetectionData(
         root=str(root), img_size=64, masks=detector == "mask_rcnn", batch_size=3, num_workers=0
     )
@@ -53,13 +53,15 @@ def tiny_detection_task(patch_size: int = 8, img_size: int = 64, **kwargs):
             "depth": 2,
             "num_heads": 2,
         },
-        levels=[4 * patch_size, 2 * patch_size, patch_size],
+        tokenizer={
+            "levels": [4 * patch_size, 2 * patch_size, patch_size],
+            "decision_dim": 16,
+            "decision_heads": 2,
+        },
         pyramid_channels=16,
         pyramid_indices=[1],
         anchor_sizes=[8, 16, 32, 64],
         representation_size=32,
-        decision_dim=16,
-        decision_heads=2,
         **kwargs,
     )
 

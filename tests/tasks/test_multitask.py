@@ -61,12 +61,12 @@ def tiny_args(root, log_dir, *extra: str) -> list[str]:
         f"--data.init_args.task_data={json.dumps(tiny_data(root))}",
         f"--model.init_args.tasks={json.dumps(tiny_tasks())}",
         f"--model.init_args.backbone_kwargs={json.dumps({'img_size': SIZE, 'patch_size': 8, 'embed_dim': 32, 'depth': 2, 'num_heads': 2})}",
-        "--model.init_args.decision_dim=16",
-        "--model.init_args.decision_heads=2",
-        "--model.init_args.imitation_steps=1",
+        "--model.init_args.tokenizer.decision_dim=16",
+        "--model.init_args.tokenizer.decision_heads=2",
+        "--model.init_args.warm_start.imitation_steps=1",
         "--model.init_args.ppo.samples=2",
         "--model.init_args.ppo.epochs=2",
-        "--model.init_args.calibration_images=16",
+        "--model.init_args.evaluation.calibration_images=16",
         f"--trainer.logger.init_args.save_dir={log_dir}",
         "--trainer.logger.init_args.name=",
         "--trainer.logger.init_args.version=",
@@ -78,8 +78,8 @@ def tiny_args(root, log_dir, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("multitask")
-    generate_coco(root / "coco", image_size=SIZE, train=12, val=8, seed=0)
-    generate_ade20k(root / "ade20k", image_size=SIZE, train=12, val=8, seed=1)
+    generate_coco(root / "coco", img_size=SIZE, train=12, val=8, seed=0)
+    generate_ade20k(root / "ade20k", img_size=SIZE, train=12, val=8, seed=1)
     return root
 
 

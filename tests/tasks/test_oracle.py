@@ -14,11 +14,11 @@ from tests.tasks.test_detection import tiny_detection_task
 def test_the_detection_oracle_covers_every_object_cell_and_meets_the_budget(tmp_path) -> None:
     from splitlab.data import CocoDetectionData, generate_coco
 
-    root = generate_coco(tmp_path / "coco", image_size=64, train=4, val=2)
+    root = generate_coco(tmp_path / "coco", img_size=64, train=4, val=2)
     dm = CocoDetectionData(root=str(root), img_size=64, batch_size=4, num_workers=0)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
-    task = tiny_detection_task(eval_baselines=["uniform", "oracle"])
+    task = tiny_detection_task(evaluation={"eval_baselines": ["uniform", "oracle"]})
     cells = task.annotated_cells(batch, (8, 8))
     metrics = task.build_metrics()
     with torch.no_grad():

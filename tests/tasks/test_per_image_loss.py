@@ -14,10 +14,8 @@ from splitlab.tasks import ClassificationTask, DetectionTask, SegmentationTask, 
 TINY = {
     "backbone": "vit_tiny_patch16_224",
     "backbone_kwargs": {"img_size": 64, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2},
-    "levels": [32, 16, 8],
-    "target_fraction": 0.5,
-    "decision_dim": 16,
-    "decision_heads": 2,
+    "tokenizer": {"levels": [32, 16, 8], "decision_dim": 16, "decision_heads": 2},
+    "budget": 0.5,
 }
 
 
@@ -62,7 +60,7 @@ def vqa(tmp_path):
     from tests.heads.test_vqa import LM, WORDS
 
     (tmp_path / "vocab.json").write_text(json.dumps(WORDS))
-    task = VQATask(lm=LM, tokenizer=str(tmp_path / "vocab.json"), prompt="<image> {question}", **TINY)
+    task = VQATask(lm=LM, lm_tokenizer=str(tmp_path / "vocab.json"), prompt="<image> {question}", **TINY)
     questions = [
         ["what color is it ?"],
         ["what is it ?", "what color is it ?"],

@@ -14,8 +14,8 @@ from splitlab.tokenizer import build_layout
 TINY = {
     "backbone": "vit_tiny_patch16_224",
     "backbone_kwargs": {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2},
-    "levels": [16, 8],
-    "target_fraction": 0.5,
+    "tokenizer": {"levels": [16, 8]},
+    "budget": 0.5,
     "pyramid_channels": 16,
     "pyramid_indices": [1],
     "decode_head": {"channels": 16},

@@ -17,15 +17,15 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
     assert cli.model.stage == "ppo"
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["task"] == "classification" and summary["metric"] == "top1"
-    assert summary["target_fraction"] == 0.5
+    assert summary["budget"] == 0.5
     # the deployed budget's λ, from the controller's saved state: I + k_p e + k_d Δe at the point 0.5
     saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     hp, point = cli.model.hparams, cli.model.controller.budgets.index(0.5)
     by_hand = max(
         0.0,
         float(saved["controller.integral"][point])
-        + hp.lambda_gain * float(saved["controller.error"][point])
-        + hp.lambda_damping * float(saved["controller.change"][point]),
+        + hp.controller.gain * float(saved["controller.error"][point])
+        + hp.controller.damping * float(saved["controller.change"][point]),
     )
     assert summary["lambda"] == pytest.approx(by_hand, abs=1e-6)
     assert cli.model.controller.total_steps > 0  # which PPO moved
@@ -143,8 +143,8 @@ def test_resume_matches_the_uninterrupted_run(shapes_root, tmp_path, resume_epoc
     and flip are seeded by (seed, epoch, index), not by generators a resume re-seeds)."""
     args = [f"--data.init_args.augment={str(augment).lower()}"]
     if augment:  # a random crop moves the objects: no boxes, the paper's labels
-        args += ["--data.init_args.objects=null", "--model.init_args.label_source=embedding"]
-        args += ['--model.init_args.eval_baselines=["uniform","random","entropy"]']
+        args += ["--data.init_args.objects=null", "--model.init_args.warm_start.label_source=embedding"]
+        args += ['--model.init_args.evaluation.eval_baselines=["uniform","random","entropy"]']
     full = fit(shapes_root, tmp_path / "full", *schedule_args(2, 2), *args)
     ckpt = next((tmp_path / "full" / "checkpoints").glob(f"epoch={resume_epoch}-*.ckpt"))
     also = [probe(tmp_path / "probe")]
@@ -184,7 +184,7 @@ def test_mid_epoch_resume_continues_at_the_next_sample(shapes_root, tmp_path, na
     args = [
         "--trainer.max_epochs=4",
         f"--trainer.callbacks={json.dumps(callbacks)}",
-        "--model.init_args.eval_baselines=[]",
+        "--model.init_args.evaluation.eval_baselines=[]",
         f"--data.init_args.num_workers={workers}",
     ]
     full = fit(shapes_root, tmp_path / "full", *args)
@@ -211,16 +211,14 @@ def test_epochs_above_max_epochs_are_refused(shapes_root, tmp_path) -> None:
         fit(shapes_root, tmp_path, *schedule_args(2, 2), "--trainer.max_epochs=3")
 
 
-def test_unreachable_target_fraction_is_refused(shapes_root, tmp_path) -> None:
-    with pytest.raises(
-        ValueError, match=r"target_fraction=0.05 is outside the range levels=\(32, 16, 8\) can reach"
-    ):
-        fit(shapes_root, tmp_path, "--model.init_args.target_fraction=0.05")
+def test_unreachable_budget_is_refused(shapes_root, tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"budget=0.05 is outside the range levels=\(32, 16, 8\) can reach"):
+        fit(shapes_root, tmp_path, "--model.init_args.budget=0.05")
 
 
 def test_target_kl_stops_the_policy_epochs_early(shapes_root, tmp_path) -> None:
     def ppo_epochs(out, *extra: str) -> set[float]:
-        fit(shapes_root, out, *schedule_args(0, 1), "--model.init_args.eval_baselines=[]", *extra)
+        fit(shapes_root, out, *schedule_args(0, 1), "--model.init_args.evaluation.eval_baselines=[]", *extra)
         rows = csv.DictReader((out / "metrics.csv").open())
         return {float(r["train/ppo_epochs"]) for r in rows if r.get("train/ppo_epochs")}
 
@@ -235,7 +233,7 @@ def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_
         tmp_path,
         *schedule_args(1, 1, also=[{"class_path": "tests.helpers.StartWeights"}]),
         "--model.init_args.policy=entropy",
-        "--model.init_args.budgets=null",
+        "--model.init_args.budget_range=null",
     )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["trained_policy"] == "entropy"
@@ -264,7 +262,7 @@ def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_
         together = model.model.layout(images, policy="entropy")
         alone = [model.model.layout(images[i : i + 1], policy="entropy") for i in range(8)]
     assert torch.equal(together.fraction, torch.cat([a.fraction for a in alone]))
-    with pytest.raises(ValueError, match="budgets=\\[0.3, 0.7\\] needs policy='learned'"):
+    with pytest.raises(ValueError, match="budget_range=\\[0.3, 0.7\\] needs policy='learned'"):
         fit(shapes_root, tmp_path / "bad", "--model.init_args.policy=entropy")
 
 
@@ -310,7 +308,7 @@ def test_the_warm_start_labels_read_a_frozen_copy_of_the_initial_patch_embedding
         tmp_path,
         *schedule_args(1, 0, also=[{"class_path": "tests.helpers.StartWeights"}]),
         "--trainer.limit_train_batches=3",
-        "--model.init_args.label_source=embedding",
+        "--model.init_args.warm_start.label_source=embedding",
     )
     assert len(labelled) == 3 and all(given is out for given, (out, _) in zip(labelled, read, strict=True))
     start = next(c.weights for c in cli.trainer.callbacks if isinstance(c, StartWeights))
@@ -330,7 +328,7 @@ def test_a_warm_start_without_fine_tuning_trains_the_decision_module_alone(shape
         shapes_root,
         tmp_path,
         *schedule_args(1, 0, also=[{"class_path": "tests.helpers.StartWeights"}]),
-        "--model.init_args.warm_start_finetune=false",
+        "--model.init_args.warm_start.finetune=false",
         "--trainer.limit_train_batches=3",
     )
     task = cli.model
@@ -365,12 +363,12 @@ def test_live_labels_follow_the_fine_tuned_patch_embedding(shapes_root, tmp_path
         tmp_path,
         *schedule_args(1, 0),
         "--trainer.limit_train_batches=2",
-        "--model.init_args.label_target=live",
+        "--model.init_args.warm_start.label_target=live",
     )
     # every embedding read, the labels' included, is the live backbone's; no frozen copy is taken
     assert sources and set(sources) == {PackedViT} and not cli.model.label_embedding.ready
     with pytest.raises(ValueError, match=r"label_target='frozen': expected one of \('initial', 'live'\)"):
-        fit(shapes_root, tmp_path / "bad", "--model.init_args.label_target=frozen")
+        fit(shapes_root, tmp_path / "bad", "--model.init_args.warm_start.label_target=frozen")
 
 
 def test_more_imitation_steps_fit_the_labels_closer_and_leave_the_frozen_model_alone(
@@ -385,10 +383,10 @@ def test_more_imitation_steps_fit_the_labels_closer_and_leave_the_frozen_model_a
             shapes_root,
             out,
             *schedule_args(1, 0),
-            "--model.init_args.warm_start_finetune=false",
-            f"--model.init_args.imitation_steps={steps}",
-            "--model.init_args.label_source=embedding",  # labels that do not draw ties at random
-            "--model.init_args.eval_baselines=[]",
+            "--model.init_args.warm_start.finetune=false",
+            f"--model.init_args.warm_start.imitation_steps={steps}",
+            "--model.init_args.warm_start.label_source=embedding",  # labels that do not draw ties at random
+            "--model.init_args.evaluation.eval_baselines=[]",
         )
         rows = [r for r in csv.DictReader((out / "metrics.csv").open()) if r.get("train/imitation")]
         return cli.model, [float(r["train/imitation"]) for r in rows]
@@ -409,8 +407,8 @@ def test_ppo_keeps_the_annotation_labels_as_an_anchor(shapes_root, tmp_path) -> 
         tmp_path,
         *schedule_args(1, 1),
         "--data.init_args.objects=objects.json",
-        "--model.init_args.label_source=annotations",
-        '--model.init_args.eval_baselines=["uniform","oracle"]',
+        "--model.init_args.warm_start.label_source=annotations",
+        '--model.init_args.evaluation.eval_baselines=["uniform","oracle"]',
     )
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     assert [r for r in rows if r.get("train/ppo_epochs") and r.get("train/imitation")]
@@ -430,8 +428,8 @@ def test_estimated_labels_leave_ppo_unanchored_unless_asked(shapes_root, tmp_pat
         tmp_path,
         *schedule_args(1, 1),
         "--data.init_args.objects=null",
-        "--model.init_args.label_source=embedding",
-        '--model.init_args.eval_baselines=["uniform"]',
+        "--model.init_args.warm_start.label_source=embedding",
+        '--model.init_args.evaluation.eval_baselines=["uniform"]',
         *given,
     )
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))

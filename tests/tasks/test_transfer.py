@@ -10,7 +10,7 @@ import torch
 
 from tests.helpers import EpochEndWeights, StartWeights, fit, schedule_args
 
-SINGLE = "--model.init_args.budgets=null"  # the twin trains a budget-conditioned policy
+SINGLE = "--model.init_args.budget_range=null"  # the twin trains a budget-conditioned policy
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def transfer_fit(shapes_root, tmp_path, folder, watcher: str, *extra: str):
         *schedule_args(1, 1, also=[{"class_path": f"tests.helpers.{watcher}"}]),
         SINGLE,
         "--model.init_args.policy=transferred",
-        f"--model.init_args.policy_checkpoint={folder}",
+        f"--model.init_args.policy_options.policy_checkpoint={folder}",
         *extra,
     )
 
@@ -76,8 +76,8 @@ def test_transfer_finetune_trains_the_transferred_policy_in_ppo_only(
         tmp_path,
         folder,
         "EpochEndWeights",
-        "--model.init_args.transfer_finetune=true",
-        "--model.init_args.warm_start_finetune=false",
+        "--model.init_args.policy_options.transfer_finetune=true",
+        "--model.init_args.warm_start.finetune=false",
     )
     warmed = next(c.weights[0] for c in cli.trainer.callbacks if isinstance(c, EpochEndWeights))
     assert all(torch.equal(v, source_decision[k]) for k, v in decision_of(warmed).items())
@@ -92,31 +92,46 @@ def test_a_transfer_that_cannot_work_is_refused_naming_both_values(source_run, t
 
     folder, _ = source_run
     cfg = splitlab.load(folder).config
-    same = {k: cfg[k] for k in ("backbone", "backbone_kwargs", "levels", "decision_dim", "decision_heads")}
-    same.update(decision_context=cfg["decision_context"], num_classes=4, target_fraction=0.5)
-    with pytest.raises(ValueError, match=r"set policy_checkpoint to that run's folder"):
+    tokenizer = {k: cfg[k] for k in ("levels", "decision_dim", "decision_heads", "decision_context")}
+    same = {k: cfg[k] for k in ("backbone", "backbone_kwargs")}
+    same.update(tokenizer=tokenizer, num_classes=4, budget=0.5)
+
+    def transferred(source: str) -> dict:
+        return {"policy": "transferred", "policy_options": {"policy_checkpoint": source}}
+
+    with pytest.raises(ValueError, match=r"set policy_options.policy_checkpoint to that run's folder"):
         ClassificationTask(**same, policy="transferred")
     with pytest.raises(ValueError, match=r"policy_checkpoint='x' is read by policy: transferred only"):
-        ClassificationTask(**same, policy_checkpoint="x")
+        ClassificationTask(**same, policy_options={"policy_checkpoint": "x"})
     with pytest.raises(ValueError, match=r"transfer_finetune=true fine-tunes a transferred policy"):
-        ClassificationTask(**same, transfer_finetune=True)
+        ClassificationTask(**same, policy_options={"transfer_finetune": True})
     with pytest.raises(FileNotFoundError, match=r"policy_checkpoint='.*nowhere': no such file or folder"):
-        ClassificationTask(**same, policy="transferred", policy_checkpoint=str(tmp_path / "nowhere"))
-    task = ClassificationTask(**same, policy="transferred", policy_checkpoint=str(folder))  # all match
+        ClassificationTask(**same, **transferred(str(tmp_path / "nowhere")))
+    task = ClassificationTask(**same, **transferred(str(folder)))  # all match
     assert task.deployed_policy == "learned"
     kwargs = same["backbone_kwargs"]
     mismatches = [
-        ({"levels": [16, 8]}, r"levels \[32, 16, 8\] and this run has \[16, 8\]"),
+        ({"tokenizer": {**tokenizer, "levels": [16, 8]}}, r"levels \[32, 16, 8\] and this run has \[16, 8\]"),
         (
             {"backbone_kwargs": {**kwargs, "img_size": 128}},
             r"image size \[64, 64\] and this run has \[128, 128\]",
         ),
-        ({"decision_dim": 2 * cfg["decision_dim"]}, rf"decision_dim {cfg['decision_dim']} and this run has"),
         (
-            {"decision_context": "children" if cfg["decision_context"] != "children" else "descendants"},
+            {"tokenizer": {**tokenizer, "decision_dim": 2 * cfg["decision_dim"]}},
+            rf"decision_dim {cfg['decision_dim']} and this run has",
+        ),
+        (
+            {
+                "tokenizer": {
+                    **tokenizer,
+                    "decision_context": "children"
+                    if cfg["decision_context"] != "children"
+                    else "descendants",
+                }
+            },
             "decision_context",
         ),
     ]
     for change, message in mismatches:
         with pytest.raises(ValueError, match=message):
-            ClassificationTask(**{**same, **change}, policy="transferred", policy_checkpoint=str(folder))
+            ClassificationTask(**{**same, **change}, **transferred(str(folder)))

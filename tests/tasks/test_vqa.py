@@ -17,7 +17,7 @@ from tests.tasks.test_per_image_loss import TINY
 def task_with(tmp_path, **settings) -> VQATask:
     (tmp_path / "vocab.json").write_text(json.dumps(WORDS))
     settings = {"lm": LM, **settings}
-    return VQATask(tokenizer=str(tmp_path / "vocab.json"), prompt="<image> {question}", **TINY, **settings)
+    return VQATask(lm_tokenizer=str(tmp_path / "vocab.json"), prompt="<image> {question}", **TINY, **settings)
 
 
 def trained(task: VQATask) -> set[int]:

@@ -127,7 +127,7 @@ def test_unknown_baseline_and_missing_fraction() -> None:
         baseline_scores("apt", torch.zeros(1, 3, 32, 32), lv)
     with pytest.raises(ValueError, match="needs a budget"):
         baseline_scores("random", torch.zeros(1, 3, 32, 32), lv)
-    with pytest.raises(ValueError, match="target_fraction=0.1 is outside"):
+    with pytest.raises(ValueError, match="budget=0.1 is outside"):
         baseline_scores("random", torch.zeros(1, 3, 32, 32), lv, budget=0.1)
     assert math.isfinite(random_split_rate(1.0, lv))
 

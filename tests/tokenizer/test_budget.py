@@ -20,13 +20,15 @@ from splitlab.tokenizer import (
 
 def test_budget_points_span_the_range() -> None:
     assert budget_points([0.3, 0.7]) == pytest.approx([0.3, 0.4, 0.5, 0.6, 0.7])
-    assert budget_points([0.3, 0.75], step=0.2) == pytest.approx([0.3, 0.5, 0.7, 0.75])
-    with pytest.raises(ValueError, match=r"budgets=\[0.5\]: give the range as \[lowest, highest\]"):
+    assert budget_points([0.3, 0.75, 0.2]) == pytest.approx([0.3, 0.5, 0.7, 0.75])
+    with pytest.raises(
+        ValueError, match=r"budget_range=\[0.5\]: give \[lowest, highest\] or \[lowest, highest, step\]"
+    ):
         budget_points([0.5])
     with pytest.raises(ValueError, match="the lowest budget must be below the highest"):
         budget_points([0.7, 0.3])
-    with pytest.raises(ValueError, match="budget_step=0 must be positive"):
-        budget_points([0.3, 0.7], step=0)
+    with pytest.raises(ValueError, match=r"budget_range=\[0.3, 0.7, 0\]: the step 0 must be positive"):
+        budget_points([0.3, 0.7, 0])
 
 
 def test_operating_points_interpolate_and_name_the_trained_range() -> None:
@@ -43,9 +45,7 @@ def test_operating_points_interpolate_and_name_the_trained_range() -> None:
     points.update(1, 4.0, reduce=lambda t: t * 0 + 2.0)  # the cross-rank mean is what counts
     assert float(points.cuts[1]) == pytest.approx(2.0)
     assert points.check(0.45) == 0.45
-    with pytest.raises(
-        ValueError, match=r"target_fraction=0.8: this policy was trained for budgets \[0.3, 0.7\]"
-    ):
+    with pytest.raises(ValueError, match=r"budget=0.8: this policy was trained for budgets \[0.3, 0.7\]"):
         points.check(0.8)
     with pytest.raises(ValueError, match="eval_budgets=0.2: this policy was trained for budgets 0.5 only"):
         OperatingPoints([0.5]).check(0.2, "eval_budgets")
@@ -57,13 +57,13 @@ def test_a_budget_out_of_range_is_told_the_fix_that_fits_the_policy() -> None:
         OperatingPoints([0.3, 0.5, 0.7]).check(0.95, "budget")
     assert str(conditioned.value) == (
         "budget=0.95: this policy was trained for budgets [0.3, 0.7] (a budget-conditioned policy); pick a "
-        "budget from 0.3 to 0.7, or retrain with a range that holds 0.95 (model.init_args.budgets: [lowest, highest])"
+        "budget from 0.3 to 0.7, or retrain with a range that holds 0.95 (model.init_args.budget_range: [lowest, highest])"
     )
     with pytest.raises(ValueError) as single:
         OperatingPoints([0.5]).check(0.95, "budget")
     assert str(single.value) == (
         "budget=0.95: this policy was trained for budgets 0.5 only; train a budget-conditioned policy "
-        "(model.init_args.budgets: [lowest, highest]) to serve others"
+        "(model.init_args.budget_range: [lowest, highest]) to serve others"
     )
 
 
@@ -121,7 +121,7 @@ def test_the_cap_drops_the_least_confident_split_first() -> None:
 
 def test_threshold_mode_meets_the_calibrated_budget(tiny_vit) -> None:
     tok = SplitTokenizer(
-        tiny_vit.embed_dim, (64, 32, 16), decision_dim=32, decision_heads=2, budgets=[0.5]
+        tiny_vit.embed_dim, (64, 32, 16), decision_dim=32, decision_heads=2, budget_points=[0.5]
     ).eval()
     torch.nn.init.normal_(tok.decision.mlp.fc2.weight, std=1.0)
     x = torch.randn(32, 3, 64, 64)
@@ -141,7 +141,7 @@ def test_threshold_mode_meets_the_calibrated_budget(tiny_vit) -> None:
 
 def test_a_budget_conditioned_policy_reads_the_budget(tiny_vit) -> None:
     tok = SplitTokenizer(
-        tiny_vit.embed_dim, (64, 32, 16), decision_dim=32, decision_heads=2, budgets=[0.3, 0.5, 0.7]
+        tiny_vit.embed_dim, (64, 32, 16), decision_dim=32, decision_heads=2, budget_points=[0.3, 0.5, 0.7]
     )
     x = torch.randn(4, 3, 64, 64)
     with torch.no_grad():
@@ -155,8 +155,8 @@ def test_a_budget_conditioned_policy_reads_the_budget(tiny_vit) -> None:
         assert torch.allclose(per_image[1][0], low[1][0]) and torch.allclose(per_image[1][1], high[1][1])
     with pytest.raises(ValueError, match=r"this policy serves budgets \[0.3, 0.7\]: pass the budget to use"):
         tok(x, tiny_vit)
-    with pytest.raises(ValueError, match=r"budgets=1.5 is outside the range"):
-        SplitTokenizer(tiny_vit.embed_dim, (64, 32, 16), budgets=[0.5, 1.5])
+    with pytest.raises(ValueError, match=r"budget_points=1.5 is outside the range"):
+        SplitTokenizer(tiny_vit.embed_dim, (64, 32, 16), budget_points=[0.5, 1.5])
 
 
 def capped_mean(logits: list[torch.Tensor], cut: float, max_tokens: int) -> float:
@@ -185,15 +185,15 @@ def test_the_spread_meets_the_budget_under_any_cap() -> None:
     assert capped_mean(logits, exact, 40) < 0.47  # the cap removes tokens the uncapped cut counted on
     for cap_tokens in (32, 40, 48):  # at the budget, budget + 0.125, + 0.25
         cap = cap_fraction(cap_tokens, 4, 64)
-        cut = float(points.cut(half, cap))
+        cut = float(points.cut(half, max_fraction=cap))
         assert cut < exact
         assert capped_mean(logits, cut, cap_tokens) == pytest.approx(min(0.5, cap), abs=0.015), cap_tokens
-    assert float(points.cut(half, 1.0)) == exact  # a cap that never binds: the exact cut
+    assert float(points.cut(half, max_fraction=1.0)) == exact  # a cap that never binds: the exact cut
     # a cap below the budget's reach (28 of 64 tokens): every image split as far as the cap allows
-    low = float(points.cut(half, cap_fraction(28, 4, 64)))
+    low = float(points.cut(half, max_fraction=cap_fraction(28, 4, 64)))
     assert capped_mean(logits, low, 28) == pytest.approx(cap_fraction(28, 4, 64))
     # between points the capped cuts interpolate as the exact ones do
-    cuts = points.cut(torch.tensor([0.3, 0.4, 0.5]), cap_fraction(40, 4, 64))
+    cuts = points.cut(torch.tensor([0.3, 0.4, 0.5]), max_fraction=cap_fraction(40, 4, 64))
     assert float(cuts[1]) == pytest.approx(0.5 * float(cuts[0] + cuts[2]))
 
 
@@ -211,7 +211,7 @@ def test_points_without_a_spread_keep_their_exact_cut_under_a_cap() -> None:
     fresh = OperatingPoints([0.3, 0.7])
     fresh.load_state_dict(points.state_dict())  # strict: every buffer is saved
     assert float(fresh.cuts[0]) == 1.5 and int(fresh.spread_counts.sum()) == 0
-    assert float(fresh.cut(torch.tensor([0.3]), 0.4)) == 1.5  # no spread: the exact cut stands
+    assert float(fresh.cut(torch.tensor([0.3]), max_fraction=0.4)) == 1.5  # no spread: the exact cut stands
 
 
 def test_budgets_between_the_points_are_met_where_the_logits_move_unevenly() -> None:

@@ -61,5 +61,5 @@ def test_image_smaller_than_a_patch() -> None:
 
 @pytest.mark.parametrize("fraction", [0.05, 1.01, 0.0])
 def test_unreachable_fraction(fraction) -> None:
-    with pytest.raises(ValueError, match="target_fraction=.* outside the range"):
+    with pytest.raises(ValueError, match="budget=.* outside the range"):
         Levels.build((64, 32, 16)).check_fraction(fraction)

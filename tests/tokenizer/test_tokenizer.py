@@ -132,7 +132,7 @@ def test_decision_logits_equal_the_module_on_each_parent_and_its_patches(see_des
     torch.manual_seed(0)
     levels = (64, 32, 16)
     tok = SplitTokenizer(
-        48, levels, decision_dim=32, decision_heads=2, budgets=budgets, see_descendants=see_descendants
+        48, levels, decision_dim=32, decision_heads=2, budget_points=budgets, see_descendants=see_descendants
     )
     torch.nn.init.normal_(tok.decision.mlp.fc2.weight, std=1.0)
     if budgets:

@@ -15,23 +15,23 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from splitlab.data.generators.shapes import check_image_size, pattern_mask
+from splitlab.data.generators.shapes import check_img_size, pattern_mask
 
 STUFF = ("ground", "wall")
 THINGS = ("hstripes", "vstripes", "checks")
 
 
-def _stuff(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+def _stuff(rng: np.random.Generator, img_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Background image and stuff labels (0 = ground, 1 = wall) split by a wavy horizon."""
-    img = np.zeros((size, size, 3), dtype=np.float32)
+    img = np.zeros((img_size, img_size, 3), dtype=np.float32)
     for cell in (2, 4, 8):
-        n = size // cell
+        n = img_size // cell
         img += np.kron(rng.random((n, n, 3), dtype=np.float32), np.ones((cell, cell, 1), dtype=np.float32))
     img /= 3.0
-    horizon = size * rng.uniform(0.3, 0.7) + size * 0.08 * np.sin(
-        np.arange(size) / size * 2 * np.pi * rng.uniform(0.5, 2) + rng.uniform(0, 6.3)
+    horizon = img_size * rng.uniform(0.3, 0.7) + img_size * 0.08 * np.sin(
+        np.arange(img_size) / img_size * 2 * np.pi * rng.uniform(0.5, 2) + rng.uniform(0, 6.3)
     )
-    ys = np.arange(size)[:, None]
+    ys = np.arange(img_size)[:, None]
     wall = ys < horizon[None, :]
     tint_wall, tint_ground = np.array([0.2, 0.35, 0.75]), np.array([0.7, 0.5, 0.2])
     img = 0.55 * img + 0.45 * np.where(wall[..., None], tint_wall, tint_ground)
@@ -40,26 +40,26 @@ def _stuff(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def render_scene(
-    rng: np.random.Generator, size: int, max_objects: int = 3, detail: int = 2
+    rng: np.random.Generator, img_size: int, max_objects: int = 3, detail: int = 2
 ) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """One scene: ``uint8`` image, semantic labels (0 ground, 1 wall, 2.. things) and instances.
 
     Instances are ``{"category": thing index, "mask": bool (H, W)}``, drawn back to front.
     """
-    img, labels = _stuff(rng, size)
+    img, labels = _stuff(rng, img_size)
     instances = []
-    lo, hi = max(size // 8, 8), max(size // 4, 12)
+    lo, hi = max(img_size // 8, 8), max(img_size // 4, 12)
     for _ in range(int(rng.integers(1, max_objects + 1))):
         thing = int(rng.integers(len(THINGS)))
         side = int(rng.integers(lo, hi + 1))
-        x0, y0 = (int(v) for v in rng.integers(0, size - side + 1, size=2))
+        x0, y0 = (int(v) for v in rng.integers(0, img_size - side + 1, size=2))
         yy, xx = np.mgrid[0:side, 0:side]
         shape = (
             np.ones((side, side), bool)
             if rng.random() < 0.5
             else ((yy - side / 2 + 0.5) ** 2 + (xx - side / 2 + 0.5) ** 2) <= (side / 2) ** 2
         )
-        mask = np.zeros((size, size), bool)
+        mask = np.zeros((img_size, img_size), bool)
         mask[y0 : y0 + side, x0 : x0 + side] = shape
         a, b = rng.random(3) * 0.3, 0.7 + rng.random(3) * 0.3
         if rng.random() < 0.5:
@@ -77,17 +77,17 @@ def render_scene(
 
 
 def generate_ade20k(
-    out: str | Path, image_size: int = 128, train: int = 400, val: int = 100, seed: int = 0
+    out: str | Path, img_size: int = 128, train: int = 400, val: int = 100, seed: int = 0
 ) -> Path:
     """Write an ADE20K-layout dataset: ``images/{training,validation}/*.jpg`` and index PNGs (0 = unlabelled)."""
-    check_image_size(image_size)
+    check_img_size(img_size)
     out = Path(out)
     rng = np.random.default_rng(seed)
     for split, count in (("training", train), ("validation", val)):
         (out / "images" / split).mkdir(parents=True, exist_ok=True)
         (out / "annotations" / split).mkdir(parents=True, exist_ok=True)
         for i in range(count):
-            img, labels, _ = render_scene(rng, image_size)
+            img, labels, _ = render_scene(rng, img_size)
             name = f"ADE_{split[0]}_{i:06d}"
             Image.fromarray(img).save(out / "images" / split / f"{name}.png")
             Image.fromarray((labels + 1).astype(np.uint8)).save(out / "annotations" / split / f"{name}.png")
@@ -97,7 +97,7 @@ def generate_ade20k(
         "classes": classes,
         "num_classes": len(classes),
         "background_classes": [0, 1],
-        "image_size": image_size,
+        "img_size": img_size,
         "seed": seed,
     }
     (out / "splitlab_dataset.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -105,12 +105,12 @@ def generate_ade20k(
 
 
 def generate_coco(
-    out: str | Path, image_size: int = 128, train: int = 400, val: int = 100, seed: int = 0
+    out: str | Path, img_size: int = 128, train: int = 400, val: int = 100, seed: int = 0
 ) -> Path:
     """Write a COCO-format detection set: ``{train,val}2017/*.png`` and ``annotations/instances_*.json`` (RLE masks)."""
     from pycocotools import mask as mask_utils
 
-    check_image_size(image_size)
+    check_img_size(img_size)
     out = Path(out)
     rng = np.random.default_rng(seed)
     categories = [{"id": i + 1, "name": name, "supercategory": "pattern"} for i, name in enumerate(THINGS)]
@@ -118,11 +118,11 @@ def generate_coco(
         (out / split).mkdir(parents=True, exist_ok=True)
         images, annotations = [], []
         for i in range(count):
-            img, _, instances = render_scene(rng, image_size)
+            img, _, instances = render_scene(rng, img_size)
             file_name = f"{i:012d}.png"
             Image.fromarray(img).save(out / split / file_name)
             image_id = i + 1
-            images.append({"id": image_id, "file_name": file_name, "height": image_size, "width": image_size})
+            images.append({"id": image_id, "file_name": file_name, "height": img_size, "width": img_size})
             for inst in instances:
                 rle = mask_utils.encode(np.asfortranarray(inst["mask"].astype(np.uint8)))
                 x, y, w, h = (float(v) for v in mask_utils.toBbox(rle))

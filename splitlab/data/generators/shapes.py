@@ -22,18 +22,18 @@ SPLITS = ("train", "val", "test")
 BACKGROUNDS = ("busy", "flat")
 
 
-def draw_background(rng: np.random.Generator, size: int, kind: str = "busy") -> np.ndarray:
+def draw_background(rng: np.random.Generator, img_size: int, kind: str = "busy") -> np.ndarray:
     """``busy``: blocky colour noise at several scales plus pixel noise (pixel entropy points away
     from the object). ``flat``: one plain colour per image, so the object is the only busy region
     and pixel entropy is the right cue."""
     if kind == "flat":
-        return np.broadcast_to(rng.random(3, dtype=np.float32) * 0.6 + 0.2, (size, size, 3)).copy()
-    img = np.zeros((size, size, 3), dtype=np.float32)
+        return np.broadcast_to(rng.random(3, dtype=np.float32) * 0.6 + 0.2, (img_size, img_size, 3)).copy()
+    img = np.zeros((img_size, img_size, 3), dtype=np.float32)
     for cell in (2, 4, 8):
-        n = size // cell
+        n = img_size // cell
         blocks = rng.random((n, n, 3), dtype=np.float32)
         img += np.kron(blocks, np.ones((cell, cell, 1), dtype=np.float32))
-    img = img / 3.0 + rng.normal(0.0, 0.08, (size, size, 3)).astype(np.float32)
+    img = img / 3.0 + rng.normal(0.0, 0.08, (img_size, img_size, 3)).astype(np.float32)
     return np.clip(img, 0.0, 1.0)
 
 
@@ -54,15 +54,15 @@ def pattern_mask(kind: str, side: int, detail: int = 2) -> np.ndarray:
 def render(
     kind: str,
     rng: np.random.Generator,
-    size: int = 64,
+    img_size: int = 64,
     object_size: tuple[int, int] = (16, 24),
     detail: int = 2,
     background: str = "busy",
 ) -> tuple[np.ndarray, tuple[int, int, int, int]]:
     """One image of class ``kind`` and the object's box ``(x0, y0, x1, y1)``."""
-    img = draw_background(rng, size, background)
+    img = draw_background(rng, img_size, background)
     side = int(rng.integers(object_size[0], object_size[1] + 1))
-    x0, y0 = (int(v) for v in rng.integers(0, size - side + 1, size=2))
+    x0, y0 = (int(v) for v in rng.integers(0, img_size - side + 1, size=2))
     dark = rng.random(3) * 0.3
     light = 0.7 + rng.random(3) * 0.3
     if rng.random() < 0.5:
@@ -72,15 +72,15 @@ def render(
     return (img * 255).round().astype(np.uint8), (x0, y0, x0 + side, y0 + side)
 
 
-def check_image_size(image_size: int) -> None:
+def check_img_size(img_size: int) -> None:
     """Generated images need room for their objects (shapes, COCO and ADE20K scenes alike)."""
-    if image_size < 32:
-        raise ValueError(f"image_size={image_size}: use at least 32 px so the objects fit")
+    if img_size < 32:
+        raise ValueError(f"img_size={img_size}: use at least 32 px so the objects fit")
 
 
 def generate_shapes(
     out: str | Path,
-    image_size: int = 64,
+    img_size: int = 64,
     train: int = 600,
     val: int = 150,
     test: int = 150,
@@ -93,7 +93,7 @@ def generate_shapes(
 
     Args:
         out: output directory.
-        image_size: image side in pixels.
+        img_size: image side in pixels.
         train, val, test: images per class and split.
         seed: random seed (same seed, same files).
         fmt: ``imagefolder`` (``out/<split>/<class>/*.png``) or ``hf`` (``datasets.save_to_disk``).
@@ -107,21 +107,21 @@ def generate_shapes(
     Besides the images, ``objects.json`` holds each object's box ``[x0, y0, x1, y1]`` per split,
     keyed by the image's path under ``out`` (or by its index in the split, for ``hf``).
     """
-    check_image_size(image_size)
+    check_img_size(img_size)
     if fmt not in ("imagefolder", "hf"):
         raise ValueError(f"format={fmt!r}: expected 'imagefolder' or 'hf'")
     if background not in BACKGROUNDS:
         raise ValueError(f"background={background!r}: expected one of {BACKGROUNDS}")
     out = Path(out)
     rng = np.random.default_rng(seed)
-    object_size = (image_size * 3 // 16, image_size * 5 // 16)
+    object_size = (img_size * 3 // 16, img_size * 5 // 16)
     counts = {"train": train, "val": val, "test": test}
     records: dict[str, list[tuple[np.ndarray, int]]] = {s: [] for s in SPLITS}
     boxes: dict[str, list[tuple[int, int, int, int]]] = {s: [] for s in SPLITS}
     for split in SPLITS:
         for label, kind in enumerate(CLASSES):
             for _ in range(counts[split]):
-                img, box = render(kind, rng, image_size, object_size, detail, background)
+                img, box = render(kind, rng, img_size, object_size, detail, background)
                 records[split].append((img, label))
                 boxes[split].append(box)
     # where each object is, for analyses of where a policy put its tokens (scripts/object_misses.py)
@@ -152,7 +152,7 @@ def generate_shapes(
     meta = {
         "generator": "splitlab data shapes",
         "classes": list(CLASSES),
-        "image_size": image_size,
+        "img_size": img_size,
         "per_class": counts,
         "seed": seed,
         "format": fmt,

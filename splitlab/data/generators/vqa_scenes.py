@@ -88,7 +88,7 @@ SYNONYMS = {
 # What every named configuration shares: the twin's size, contrast, one patterned object per scene
 # and two questions per image (the pattern one and one coarse one)
 _SCENE_BASE: dict[str, Any] = {
-    "image_size": 64,
+    "img_size": 64,
     "train": 1200,
     "val": 450,
     "shade": 0.35,
@@ -162,20 +162,20 @@ def shape_mask(shape: str, side: int) -> np.ndarray:
     raise ValueError(f"shape={shape!r}: expected one of {', '.join(SHAPES)}")
 
 
-def _background(rng: np.random.Generator, size: int, kind: str) -> np.ndarray:
+def _background(rng: np.random.Generator, img_size: int, kind: str) -> np.ndarray:
     """``busy``: blocky colour noise at 2-8 px plus pixel noise (`draw_background`); ``flat``: one plain
     colour; ``noise``: grey with strong per-pixel noise, fine detail everywhere but on the objects."""
     if kind in ("busy", "flat"):
-        return draw_background(rng, size, kind)
+        return draw_background(rng, img_size, kind)
     if kind == "noise":
         grey = rng.uniform(0.3, 0.7)
-        return np.clip(grey + rng.normal(0.0, 0.2, (size, size, 3)), 0.0, 1.0).astype(np.float32)
+        return np.clip(grey + rng.normal(0.0, 0.2, (img_size, img_size, 3)), 0.0, 1.0).astype(np.float32)
     raise ValueError(f"background={kind!r}: expected one of {', '.join(BACKGROUNDS)}")
 
 
 def render_vqa_scene(
     rng: np.random.Generator,
-    size: int = 128,
+    img_size: int = 128,
     max_tries: int = 200,
     square: tuple[float, float] = (1 / 8, 1 / 5),
     shade: float = SHADE,
@@ -185,12 +185,12 @@ def render_vqa_scene(
     objects: tuple[int, int] = (2, 3),
     background: str = "busy",
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """One scene: a ``uint8`` (size, size, 3) image and its objects.
+    """One scene: a ``uint8`` (img_size, img_size, 3) image and its objects.
 
     Objects are ``{"colour", "pattern" (a `PATTERNS` kind), "shape", "box": (x0, y0, x1, y1), "inner":
     box of the patterned region}``: ``objects`` (LO, HI) of them, distinct colours, 2 px apart at
     least, and laid out so that at least one of `PLACES` ("on the left", ...) names exactly one.
-    ``square`` is their side range as fractions of ``size``; each is a ``shape`` of its base colour
+    ``square`` is their side range as fractions of ``img_size``; each is a ``shape`` of its base colour
     whose inner part (the same shape, a border smaller) carries the pattern. ``shade`` is the
     pattern's contrast (light and dark = base ± shade). ``patterned``: ``each`` object has its own
     pattern, drawn from ``patterns``, or only ``one`` has one and the others are plain
@@ -200,13 +200,13 @@ def render_vqa_scene(
         raise ValueError(f"patterned={patterned!r}: expected 'each' or 'one'")
     if not 0 < shade < 0.5:
         raise ValueError(f"shade={shade}: the pattern's contrast must lie in (0, 0.5)")
-    lo, hi = max(int(size * square[0]), 6), max(int(size * square[1]), 6)
+    lo, hi = max(int(img_size * square[0]), 6), max(int(img_size * square[1]), 6)
     for _ in range(max_tries):
         count = int(rng.integers(objects[0], objects[1] + 1))
         squares: list[dict[str, Any]] = []
         for _ in range(max_tries):
             side = int(rng.integers(lo, hi + 1))
-            x0, y0 = (int(v) for v in rng.integers(0, size - side + 1, size=2))
+            x0, y0 = (int(v) for v in rng.integers(0, img_size - side + 1, size=2))
             box = (x0, y0, x0 + side, y0 + side)
             if all(_apart(box, s["box"], 2) for s in squares):
                 squares.append({"box": box})
@@ -216,10 +216,10 @@ def render_vqa_scene(
             break
     else:
         raise RuntimeError(
-            f"image_size={size}: could not lay out {objects[1]} objects; use a larger image_size, "
+            f"img_size={img_size}: could not lay out {objects[1]} objects; use a larger img_size, "
             "smaller objects (square) or fewer (objects)"
         )
-    img = _background(rng, size, background)
+    img = _background(rng, img_size, background)
     names = list(COLOURS)
     chosen = int(rng.integers(count)) if patterned == "one" else None
     for i, (square, c) in enumerate(zip(squares, rng.permutation(len(names))[:count], strict=True)):
@@ -346,7 +346,7 @@ def _answers(
 
 def generate_vqa(
     out: str | Path,
-    image_size: int = 128,
+    img_size: int = 128,
     train: int = 300,
     val: int = 80,
     seed: int = 0,
@@ -364,8 +364,8 @@ def generate_vqa(
 
     Args:
         out: output directory.
-        image_size: image side in pixels (at least 48, so that three squares fit).
-        square: the squares' side range as fractions of ``image_size``.
+        img_size: image side in pixels (at least 48, so that three squares fit).
+        square: the squares' side range as fractions of ``img_size``.
         shade: the patterns' contrast (light and dark = base colour ± shade).
         patterned: ``each`` square has its own pattern, or only ``one`` has a pattern (the one the
             pattern question asks about) and the others are plain. With ``one``, "what pattern is
@@ -390,8 +390,8 @@ def generate_vqa(
     ``vocab.json`` lists `SPECIAL_TOKENS` first, then every word of the questions and answers
     (`vqa_words`) sorted: the input of a word-level tokenizer.
     """
-    if image_size < 48:
-        raise ValueError(f"image_size={image_size}: use at least 48 px so that three squares fit")
+    if img_size < 48:
+        raise ValueError(f"img_size={img_size}: use at least 48 px so that three squares fit")
     if not 0 < square[0] <= square[1] <= 0.5:
         raise ValueError(
             f"square={tuple(square)}: expected 0 < LO <= HI <= 0.5 (sides as fractions of the image)"
@@ -427,7 +427,7 @@ def generate_vqa(
             image_id = first_id + i  # unique across splits, as COCO's ids are
             img, squares = render_vqa_scene(
                 rng,
-                image_size,
+                img_size,
                 square=square,
                 shade=shade,
                 patterned=patterned,
@@ -471,7 +471,7 @@ def generate_vqa(
         "generator": "splitlab data vqa",
         "format": fmt,
         "splits": dict(zip(SPLITS, (train, val), strict=True)),
-        "image_size": image_size,
+        "img_size": img_size,
         "seed": seed,
         "colours": list(COLOURS),
         "patterns": [PATTERNS[p] for p in patterns],
