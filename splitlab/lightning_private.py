@@ -10,7 +10,6 @@ Lightning only for type hints).
 
 from __future__ import annotations
 
-from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -71,10 +70,12 @@ def batches_that_stepped(checkpoint: dict[str, Any]) -> int | None:
 def saved_model_settings(checkpoint: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
     """The model's class path and init arguments as the LightningCLI saved them in a checkpoint's
     hyperparameters (the class path under a private key, beside the instantiator's)."""
-    saved = dict(checkpoint.get("hyper_parameters", {}))
+    from splitlab.checkpoint import (
+        plain,  # torch alone: a settings group kept as its dataclass, as its fields
+    )
+
+    saved = plain(dict(checkpoint.get("hyper_parameters", {})))
     saved.pop("_instantiator", None)
-    # a settings group kept as its dataclass (a task built in Python) is read as its fields
-    saved = {k: asdict(v) if is_dataclass(v) and not isinstance(v, type) else v for k, v in saved.items()}
     return saved.pop("_class_path", None), saved
 
 

@@ -7,7 +7,6 @@ import csv
 import json
 import re
 import warnings
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +133,7 @@ TRAINING = {
     "label_smoothing",
     "aux_weight",
 }
-# settings held as groups (dataclasses, or mappings in a config): compared field by field
+# settings held as groups (mappings, as a config and `saved_model_settings` give them): compared field by field
 NESTED = (
     "backbone_kwargs",
     "tokenizer",
@@ -151,9 +150,8 @@ def _flat(settings: dict[str, Any]) -> dict[str, Any]:
     """``settings`` with each group's fields as ``group.field``."""
     flat: dict[str, Any] = {}
     for key, value in settings.items():
-        fields = asdict(value) if is_dataclass(value) else value
-        if key in NESTED and isinstance(fields, dict):
-            flat.update({f"{key}.{name}": v for name, v in fields.items()})
+        if key in NESTED and isinstance(value, dict):
+            flat.update({f"{key}.{name}": v for name, v in value.items()})
         else:
             flat[key] = value
     return flat

@@ -17,7 +17,6 @@ from splitlab.data import SeededIndex
 from splitlab.lightning_private import attached_trainer
 from splitlab.tokenizer import entropy_scores, level_thresholds
 from splitlab.tokenizer.baselines import (
-    APT_SEARCHES,
     check_entropy_thresholds,
     cuts_from_thresholds,
     layout_fraction,
@@ -65,12 +64,9 @@ class Calibration:
         count = int(self.hparams.evaluation.calibration_images)
         learned = self.deployed_policy == "learned"
         apt = self.apt_pending()
-        if (
-            apt and self.hparams.policy_options.entropy_thresholds is not None
-        ):  # APT's own thresholds: no calibration
-            self.model.apt_cuts.copy_(
-                cuts_from_thresholds(self.hparams.policy_options.entropy_thresholds, self.levels)
-            )
+        thresholds = self.hparams.policy_options.entropy_thresholds
+        if apt and thresholds is not None:  # APT's own thresholds: no calibration
+            self.model.apt_cuts.copy_(cuts_from_thresholds(thresholds, self.levels))
             self.model.apt_fraction.fill_(self.budget)
         sample = self.calibration_sample(count) if count > 0 and (learned or apt) else None
         if sample is None:
@@ -123,8 +119,6 @@ class Calibration:
     def check_apt(self) -> None:
         """Refuse APT settings that cannot take effect, at construction (before data or weights load)."""
         hp = self.hparams
-        if hp.policy_options.apt_search not in APT_SEARCHES:
-            raise ValueError(f"apt_search={hp.policy_options.apt_search!r}: expected one of {APT_SEARCHES}")
         if hp.policy_options.entropy_thresholds is None:
             return
         if hp.policy != "entropy":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from dataclasses import asdict, is_dataclass
+from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import torch
 from lightning import LightningModule
 from lightning.pytorch.utilities import rank_zero_warn
 
-from splitlab.checkpoint import read_checkpoint, safe_checkpoint_globals
+from splitlab.checkpoint import plain, read_checkpoint, safe_checkpoint_globals
 from splitlab.lightning_private import attached_trainer
 from splitlab.model.preprocess import Preprocessing
 
@@ -227,10 +227,7 @@ class TaskState:
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # the settings groups as plain mappings: a checkpoint holds data, never a class to import
-        hparams = checkpoint.get("hyper_parameters", {})
-        for key, value in hparams.items():
-            if is_dataclass(value) and not isinstance(value, type):
-                hparams[key] = asdict(value)
+        checkpoint["hyper_parameters"] = plain(checkpoint.get("hyper_parameters", {}))
         checkpoint["splitlab"] = {
             "task_class": f"{type(self).__module__}.{type(self).__qualname__}",
             "stage": self.stage,
@@ -308,6 +305,6 @@ def load_task(path: str | Path, map_location: Any = "cpu", setting: str = "check
     # a settings group a task built in Python kept as its dataclass: passed on as its fields, as the
     # CLI's instantiator reads every group
     hparams = checkpoint.get("hyper_parameters", {})
-    groups = {k: asdict(v) for k, v in hparams.items() if is_dataclass(v) and not isinstance(v, type)}
+    groups = {k: plain(v) for k, v in hparams.items() if is_dataclass(v) and not isinstance(v, type)}
     with safe_checkpoint_globals():  # read as `read_checkpoint` read it: the file holds nothing else
         return cls.load_from_checkpoint(file, map_location=map_location, weights_only=True, **groups)
