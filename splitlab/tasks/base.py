@@ -20,6 +20,7 @@ from splitlab.model.base import DEPLOYS
 from splitlab.rl import BudgetSampler, FractionController, PPOConfig
 from splitlab.tasks.calibration import Calibration
 from splitlab.tasks.evaluation import PolicyEvaluation, slot
+from splitlab.tasks.logic import LossInputs, TaskLogic, own_settings
 from splitlab.tasks.settings import (
     GROUPS,
     ControllerSettings,
@@ -65,9 +66,10 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     while the backbone fine-tunes on its layouts), ``ppo`` (backbone frozen, the policy learns from
     reward = -task loss - λ·token fraction). `splitlab.callbacks.SplitSchedule` enters the stages.
 
-    A task overrides ``model_class`` (its head), `build_metrics`, `per_image_loss` and
-    `update_metrics`; where its batches or outputs differ, `unpack_batch`, `repeat_targets`,
-    `annotated_cells`, `finish_outputs`, `finish_results`, `describe_prediction` and `rebuilt_keys`.
+    A task names ``model_class`` (its head) and ``logic_class``, its own code (`TaskLogic`: a plain
+    object on the model and the task's own settings, ``logic``): `build_metrics`, `per_image_loss`,
+    `update_metrics`, `unpack_batch`, `describe_prediction` and the rest of the task API hand it the
+    run's facts it reads. The task class keeps what is Lightning's (`rebuilt_keys`, hooks).
 
     The parts, each in its own file, use only what this class defines and Lightning's API, never
     each other (tests/tasks/test_task_parts.py): `StageTraining` (the training step of each stage,
@@ -79,6 +81,7 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     task_name = "task"
     metric_name = "metric"
     model_class: ClassVar[type[SplitModel]] = SplitModel
+    logic_class: ClassVar[type[TaskLogic]] = TaskLogic
 
     def __init__(
         self,
@@ -151,6 +154,7 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         """The deployable model (`SplitModel`: backbone, tokenizer, head) and the fraction controller."""
         hp = self.hparams
         self.model = self.model_class(model_config(hp, self.model_class.head_keys))
+        self.logic = self.logic_class(self.model, **own_settings(self.logic_class, type(self), hp))
         self.label_embedding = LabelEmbedding(self.backbone.model.patch_embed)  # the warm start's target
         points = self.model.tokenizer.operating_points.budgets.tolist()
         self.check_budgets()
@@ -196,31 +200,31 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
 
     def build_metrics(self) -> MetricCollection:
         """A fresh metric collection of the task (keys are metric names, one is `metric_name`)."""
-        raise NotImplementedError
+        return self.logic.build_metrics()
 
     # ----------------------------------------------------------------------------- task API
     def unpack_batch(self, batch: Any) -> tuple[Tensor, Any]:
         """``(images, targets)`` of a batch."""
-        return batch[0], batch[1]
+        return self.logic.unpack_batch(batch)
 
     def repeat_targets(self, targets: Any, times: int) -> Any:
         """Targets for ``times`` rollouts of the batch, rollout after rollout."""
-        return targets.repeat(times, *([1] * (targets.dim() - 1)))
+        return self.logic.repeat_targets(targets, times)
 
     def per_image_loss(self, outputs: Any, targets: Any) -> Tensor:
         """The task loss of each image, shape ``(B,)``: its mean trains the task, its values are PPO rewards."""
-        raise NotImplementedError
+        return self.logic.per_image_loss(outputs, targets, LossInputs(self.generator, self.stage == "ppo"))
 
     def update_metrics(
         self, metrics: MetricCollection, outputs: Any, targets: Any, layout: TokenLayout
     ) -> None:
         """Feed one batch (and the layout it was computed on) to a metric collection."""
-        raise NotImplementedError
+        self.logic.update_metrics(metrics, outputs, targets, layout)
 
     def annotated_cells(self, batch: Any, grid: tuple[int, int]) -> Tensor | None:
         """``(B, rows, cols)`` bool: the finest cells a batch's annotations (boxes, masks) say need finest
         tokens, or None (the default); the ``oracle`` row and ``label_source: annotations`` read it."""
-        return None
+        return self.logic.annotated_cells(batch, grid)
 
     # ----------------------------------------------------------------------------- forward
     def forward_layout(self, layout: TokenLayout) -> Any:

@@ -1,4 +1,5 @@
-"""`ClassificationTask`: SPLIT image classification with timm's own head."""
+"""`ClassificationTask`: SPLIT image classification with timm's own head, and
+`ClassificationLogic`, its own code (loss, metrics, annotations)."""
 
 from __future__ import annotations
 
@@ -12,42 +13,31 @@ from torchmetrics.classification import MulticlassAccuracy
 from splitlab.data.objects import box_cells
 from splitlab.model import SplitClassifier
 from splitlab.tasks.base import SplitTask
+from splitlab.tasks.logic import LossInputs, TaskLogic
 from splitlab.tokenizer import TokenLayout
 
 
-class ClassificationTask(SplitTask):
-    """Classification: the timm model's head (CLS token or mean pool, `SplitClassifier`), per-image
-    cross-entropy.
-
-    The timm head is kept (reset only when ``num_classes`` or ``global_pool`` change), so a
-    pretrained ImageNet classifier is a SPLIT classifier from the first step.
+class ClassificationLogic(TaskLogic):
+    """Classification's own code: per-image cross-entropy, top-1 and top-5 accuracy.
 
     Args:
-        num_classes: classes; None keeps the timm model's head.
-        global_pool: ``token`` (CLS) or ``avg`` (mean of the patch tokens); None keeps the model's.
+        model: the task's `SplitClassifier` (its classes are its timm head's).
         label_smoothing: cross-entropy label smoothing.
-        **kwargs: `SplitTask` arguments.
     """
 
     task_name = "classification"
     metric_name = "top1"
-    model_class = SplitClassifier
 
-    def __init__(
-        self,
-        num_classes: int | None = None,
-        global_pool: str | None = None,
-        label_smoothing: float = 0.0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, model: SplitClassifier, label_smoothing: float) -> None:
+        super().__init__(model)
+        self.label_smoothing = label_smoothing
 
     @property
     def num_classes(self) -> int:
-        return int(self.backbone.model.num_classes)
+        return int(self.model.num_classes)
 
     def build_metrics(self) -> MetricCollection:
-        classes = self.backbone.model.num_classes
+        classes = self.num_classes
         return MetricCollection(
             {
                 "top1": MulticlassAccuracy(classes, top_k=1, average="micro"),
@@ -55,9 +45,9 @@ class ClassificationTask(SplitTask):
             }
         )
 
-    def per_image_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+    def per_image_loss(self, outputs: Tensor, targets: Tensor, inputs: LossInputs) -> Tensor:
         return F.cross_entropy(
-            outputs.float(), targets, reduction="none", label_smoothing=self.hparams.label_smoothing
+            outputs.float(), targets, reduction="none", label_smoothing=self.label_smoothing
         )
 
     def update_metrics(
@@ -71,9 +61,38 @@ class ClassificationTask(SplitTask):
         boxes = batch[2] if isinstance(batch, list | tuple) and len(batch) > 2 else None
         if not isinstance(boxes, Tensor) or boxes.shape[-1:] != (4,):
             return None
-        return box_cells(boxes.float(), self.levels.finest, grid)
+        return box_cells(boxes.float(), self.finest, grid)
 
     def describe_prediction(self, outputs: Tensor, index: int, target: Any = None) -> dict[str, Any]:
         probs = outputs[index].float().softmax(-1)
         best = int(probs.argmax())
         return {"class": self.model.name_of(best), "index": best, "probability": float(probs.max())}
+
+
+class ClassificationTask(SplitTask):
+    """Classification: the timm model's head (CLS token or mean pool, `SplitClassifier`), per-image
+    cross-entropy (the task's own code: `ClassificationLogic`).
+
+    The timm head is kept (reset only when ``num_classes`` or ``global_pool`` change), so a
+    pretrained ImageNet classifier is a SPLIT classifier from the first step.
+
+    Args:
+        num_classes: classes; None keeps the timm model's head.
+        global_pool: ``token`` (CLS) or ``avg`` (mean of the patch tokens); None keeps the model's.
+        label_smoothing: cross-entropy label smoothing.
+        **kwargs: `SplitTask` arguments.
+    """
+
+    task_name = ClassificationLogic.task_name
+    metric_name = ClassificationLogic.metric_name
+    model_class = SplitClassifier
+    logic_class = ClassificationLogic
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        global_pool: str | None = None,
+        label_smoothing: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)

@@ -1,4 +1,5 @@
-"""`DetectionTask`: SPLIT object detection with torchvision's Faster / Mask R-CNN heads."""
+"""`DetectionTask`: SPLIT object detection with torchvision's Faster / Mask R-CNN heads, and
+`DetectionLogic`, its own code (loss, metrics, annotations, data checks)."""
 
 from __future__ import annotations
 
@@ -11,50 +12,32 @@ from torchmetrics import MetricCollection
 
 from splitlab.heads import without_crowd
 from splitlab.metrics import cell_classes, coco_truth, detection_metrics, instance_label_map
-from splitlab.model import SplitDetector
+from splitlab.model import SplitDetector, SplitModel
 from splitlab.tasks.dense import DenseTask
+from splitlab.tasks.logic import LossInputs, RunFacts, TaskLogic
 from splitlab.tokenizer import TokenLayout
 
 
-class DetectionTask(DenseTask):
-    """Detection: simple feature pyramid + torchvision's RPN and RoI heads (`splitlab.heads.DetectionHead`).
-
-    The per-sample loss (PPO's reward) is each image's detection loss. In PPO the RoI loss is taken
-    on layout-independent reference proposals, not on the RPN's (see
-    `splitlab.heads.reference_proposals` why).
+class DetectionLogic(TaskLogic):
+    """Detection's own code: each image's detection loss, COCO mAP and where the fine tokens go.
 
     Args:
+        model: the task's `SplitDetector` (or a multi-task model's detection member).
         num_classes: object categories (background excluded).
-        detector: ``faster_rcnn`` or ``mask_rcnn``.
-        anchor_sizes: one anchor size per pyramid level, in pixels.
-        aspect_ratios: anchor aspect ratios.
-        representation_size: width of the box head's two-layer MLP.
-        detector_kwargs: extra torchvision arguments (``rpn_batch_size_per_image``,
-            ``box_detections_per_img``, ...).
-        **kwargs: `DenseTask` arguments (``pyramid_channels``, ``pyramid_indices``) and `SplitTask`'s.
+        detector: ``faster_rcnn`` or ``mask_rcnn`` (which learns from instance masks).
     """
 
     task_name = "detection"
     metric_name = "map"
-    model_class = SplitDetector
 
-    def __init__(
-        self,
-        num_classes: int = 80,
-        detector: str = "faster_rcnn",
-        anchor_sizes: Sequence[int] = (32, 64, 128, 256),
-        aspect_ratios: Sequence[float] = (0.5, 1.0, 2.0),
-        representation_size: int = 1024,
-        detector_kwargs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, model: SplitModel, num_classes: int, detector: str) -> None:
+        super().__init__(model)
+        self.num_classes, self.detector = num_classes, detector
 
-    def check_data(self, datamodule: Any) -> None:
-        """Also: Mask R-CNN learns from instance masks, which the data must load."""
-        super().check_data(datamodule)
+    def check_data(self, datamodule: Any, run: RunFacts) -> None:
+        """Mask R-CNN learns from instance masks, which the data must load."""
         masks = getattr(datamodule, "hparams", {}).get("masks")
-        if self.hparams.detector == "mask_rcnn" and masks is False:
+        if self.detector == "mask_rcnn" and masks is False:
             raise ValueError(
                 "model.init_args.detector=mask_rcnn learns from instance masks, but data.init_args.masks=false "
                 "loads none: set data.init_args.masks=true (or detector: faster_rcnn)"
@@ -63,21 +46,24 @@ class DetectionTask(DenseTask):
     def repeat_targets(self, targets: list[dict[str, Tensor]], times: int) -> list[dict[str, Tensor]]:
         return list(targets) * times
 
-    def per_image_loss(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> Tensor:
+    def per_image_loss(
+        self, outputs: dict[str, Any], targets: list[dict[str, Tensor]], inputs: LossInputs
+    ) -> Tensor:
         # The heads' samplers are seeded from the policy's generator (resumed runs repeat them), one
         # seed per image id: PPO's rollouts of one image share their draws, so the advantage
         # measures the layout, not the sampling noise.
-        device = self.generator.device
-        base = torch.randint(0, 2**31 - 1, (1,), generator=self.generator, device=device)
+        generator = inputs.generator
+        device = generator.device
+        base = torch.randint(0, 2**31 - 1, (1,), generator=generator, device=device)
         ids = torch.stack(
             [t.get("image_id", torch.tensor(i)).to(device).reshape(()) for i, t in enumerate(targets)]
         )
         seeds = (base + 7919 * ids.long()).tolist()  # one host read for the batch, not one per image
         instances = [without_crowd(t) for t in targets]
-        return self.head.per_image_loss(outputs, instances, seeds, reference=self.stage == "ppo")
+        return self.head.per_image_loss(outputs, instances, seeds, reference=inputs.reference)
 
     def build_metrics(self) -> MetricCollection:
-        return detection_metrics(self.levels.finest)
+        return detection_metrics(self.finest)
 
     def update_metrics(
         self,
@@ -99,7 +85,7 @@ class DetectionTask(DenseTask):
             truth.append(coco_truth(tgt, scale))
         metrics["map"].update(preds, truth)
         if "coverage" in metrics:  # where the fine tokens go: on the objects (masks, else boxes)?
-            size = tuple(h * self.levels.finest for h in layout.grid_size)
+            size = tuple(h * self.finest for h in layout.grid_size)
             maps = [instance_label_map(t["boxes"], t["labels"], size, t.get("masks")) for t in targets]
             metrics["coverage"].update(layout, torch.stack(maps))
 
@@ -107,7 +93,7 @@ class DetectionTask(DenseTask):
         """The finest cells an object (its mask where loaded, else its box) touches: what the
         coverage metric counts as object cells."""
         _, targets = self.unpack_batch(batch)
-        cell = self.levels.finest
+        cell = self.finest
         size = (grid[0] * cell, grid[1] * cell)
         maps = [instance_label_map(t["boxes"], t["labels"], size, t.get("masks")) for t in targets]
         return cell_classes(torch.stack(maps), cell, -1, (0,))[0]
@@ -124,3 +110,39 @@ class DetectionTask(DenseTask):
             "names": [self.model.name_of(x) for x in labels],
             "scores": det["scores"][keep].tolist(),
         }
+
+
+class DetectionTask(DenseTask):
+    """Detection: simple feature pyramid + torchvision's RPN and RoI heads (`splitlab.heads.DetectionHead`).
+
+    The per-sample loss (PPO's reward) is each image's detection loss. In PPO the RoI loss is taken
+    on layout-independent reference proposals, not on the RPN's (see
+    `splitlab.heads.reference_proposals` why). The task's own code is `DetectionLogic`'s.
+
+    Args:
+        num_classes: object categories (background excluded).
+        detector: ``faster_rcnn`` or ``mask_rcnn``.
+        anchor_sizes: one anchor size per pyramid level, in pixels.
+        aspect_ratios: anchor aspect ratios.
+        representation_size: width of the box head's two-layer MLP.
+        detector_kwargs: extra torchvision arguments (``rpn_batch_size_per_image``,
+            ``box_detections_per_img``, ...).
+        **kwargs: `DenseTask` arguments (``pyramid_channels``, ``pyramid_indices``) and `SplitTask`'s.
+    """
+
+    task_name = DetectionLogic.task_name
+    metric_name = DetectionLogic.metric_name
+    model_class = SplitDetector
+    logic_class = DetectionLogic
+
+    def __init__(
+        self,
+        num_classes: int = 80,
+        detector: str = "faster_rcnn",
+        anchor_sizes: Sequence[int] = (32, 64, 128, 256),
+        aspect_ratios: Sequence[float] = (0.5, 1.0, 2.0),
+        representation_size: int = 1024,
+        detector_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)

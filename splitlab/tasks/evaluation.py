@@ -29,8 +29,8 @@ class PolicyEvaluation:
     realised fraction (and at each further budget), timed; the summary table; prediction records.
 
     Uses of its task only what `SplitTask` defines (model parts, ``controller``, the task API,
-    ``deployed_policy``) and Lightning's; the hooks task authors override (`finish_outputs`,
-    `finish_results`, `describe_prediction`) default here.
+    ``deployed_policy``) and Lightning's; the task's own hooks (`finish_outputs`, `finish_results`,
+    `describe_prediction`) are its ``logic``'s.
     """
 
     def policy_names(self) -> list[str]:
@@ -102,11 +102,8 @@ class PolicyEvaluation:
         return self.tokenizer(images, self.backbone, mode="scores", scores=scores, threshold=0.5)
 
     def finish_results(self, results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-        """Each policy's computed metrics, before they are logged and tabulated (the labelled-pixel
-        count the coverage metric keeps is for `SegmentationTask` only)."""
-        for row in results.values():
-            row.pop("labelled_pixels", None)
-        return results
+        """Each policy's computed metrics, before they are logged and tabulated."""
+        return self.logic.finish_results(results)
 
     # what the summary calls the policy a task trains with PPO (a multi-task run's: ``multitask``)
     learned_name = "learned"
@@ -118,8 +115,8 @@ class PolicyEvaluation:
 
     def finish_outputs(self, outputs: Any, targets: Any) -> Any:
         """Inference work after the task head that belongs in images/s (VQA: the language model
-        answering); the default has none."""
-        return outputs
+        answering)."""
+        return self.logic.finish_outputs(outputs, targets)
 
     def _record(self, stat: Any, outputs: Any, targets: Any, layout: Any, seconds: float) -> None:
         stat.update_layout(layout.fraction, seconds)
@@ -243,4 +240,4 @@ class PolicyEvaluation:
 
     def describe_prediction(self, outputs: Any, index: int, target: Any = None) -> Any:
         """A JSON-friendly summary of one image's prediction (``target``: its batch entry, if any)."""
-        return None
+        return self.logic.describe_prediction(outputs, index, target)

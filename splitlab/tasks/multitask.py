@@ -3,68 +3,27 @@ its own data, trained in the same stages as any `SplitTask` (docs/reuse.md)."""
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities.parsing import AttributeDict
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
 from splitlab.model import Preprocessing, SplitMultiTask
 from splitlab.tasks.base import SplitTask
 from splitlab.tasks.detection import DetectionTask
+from splitlab.tasks.logic import LossInputs, TaskLogic, own_settings
 from splitlab.tasks.segmentation import SegmentationTask
 from splitlab.tokenizer import TokenLayout
 
 TASK_CLASSES: dict[str, type[SplitTask]] = {"detection": DetectionTask, "segmentation": SegmentationTask}
 
 
-class TaskPart:
-    """One task of a multi-task run as its own task class sees it.
-
-    An instance of a subclass of both this and the task's class (`part_of`), never initialised as a
-    LightningModule: the task class's own methods (per-image loss, metrics, annotations, data checks)
-    run on it with the task's member model (`SplitMultiTask.members`), hence its head and names, and
-    the task's settings over the run's (``hparams``); anything else (stage, generator, levels,
-    trainer) is the multi-task run's.
-    """
-
-    def __init__(self, owner: MultiTaskSplit, name: str, model: nn.Module, hparams: dict[str, Any]) -> None:
-        for key, value in (
-            ("owner", owner),
-            ("name", name),
-            ("model", model),
-            ("_hparams", AttributeDict(hparams)),
-        ):
-            object.__setattr__(self, key, value)  # plain attributes: this is no module of the run
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(object.__getattribute__(self, "owner"), attr)
-
-
-def part_of(task_class: type[SplitTask]) -> type:
-    """The `TaskPart` class of ``task_class`` (its methods, `TaskPart`'s attribute lookup)."""
-    return type(f"{task_class.__name__}Part", (TaskPart, task_class), {})
-
-
-def task_settings(task_class: type[SplitTask], given: dict[str, Any]) -> dict[str, Any]:
-    """A task's own settings: its class's defaults (up to `SplitTask`), updated by ``given``."""
-    defaults = {}
-    for cls in task_class.__mro__:
-        if cls is SplitTask:
-            break
-        for name, param in inspect.signature(cls.__init__).parameters.items():
-            if param.default is not inspect.Parameter.empty and name not in defaults:
-                defaults[name] = param.default
-    return {**defaults, **{k: v for k, v in given.items() if k not in ("task", "names")}}
-
-
 @dataclass
 class TaskTargets:
     """A multi-task batch's targets: for each task, the positions of its images in the batch and its
-    targets as its own task class unpacks them."""
+    targets as its own task's logic unpacks them."""
 
     parts: dict[str, tuple[list[int], Any]]
     batch_size: int
@@ -111,7 +70,9 @@ class MultiTaskSplit(SplitTask):
     task's images. The stages are `SplitTask`'s: dense, warm start (every task's loss), PPO with a
     reward from each image's own task loss divided by that task's running mean loss (`loss_scale`), so
     that no task drives the policy by the size of its loss alone. At inference one layout per image
-    and one backbone pass serve every head (`splitlab.model.SplitMultiTask`).
+    and one backbone pass serve every head (`splitlab.model.SplitMultiTask`). Each task's own code is
+    its task class's `TaskLogic` (``task_logic``, by name), on that task's member model
+    (`SplitMultiTask.members`) and with that task's own settings.
 
     Args:
         tasks: task name -> that task's settings: ``task`` (``detection`` or ``segmentation``) and
@@ -140,53 +101,50 @@ class MultiTaskSplit(SplitTask):
 
     def configure_models(self) -> None:
         super().configure_models()
-        self.parts: dict[str, Any] = {}
+        self.task_logic: dict[str, TaskLogic] = {}  # plain objects: no state-dict entries of their own
         for name, given in self.hparams.tasks.items():
             task_class = TASK_CLASSES[given["task"]]
-            settings = {
-                **{k: v for k, v in self.hparams.items() if k != "tasks"},
-                **task_settings(task_class, given),
-            }
-            self.parts[name] = part_of(task_class)(self, name, self.model.members[name], settings)
+            settings = own_settings(task_class.logic_class, task_class, given)
+            self.task_logic[name] = task_class.logic_class(self.model.members[name], **settings)
         # each task's running mean per-image loss: the scale its rewards are read in
-        self.register_buffer("loss_scale", torch.zeros(len(self.parts)))
+        self.register_buffer("loss_scale", torch.zeros(len(self.task_logic)))
         self._composition: TaskTargets | None = None
 
     # ----------------------------------------------------------------------------- the task API
     def build_metrics(self) -> TaskMetrics:
         return TaskMetrics(
-            {name: part.build_metrics() for name, part in self.parts.items()},
-            {name: part.metric_name for name, part in self.parts.items()},
+            {name: logic.build_metrics() for name, logic in self.task_logic.items()},
+            {name: logic.metric_name for name, logic in self.task_logic.items()},
         )
 
     def summary_columns(self) -> list[str]:
-        return [f"{name}/{part.metric_name}" for name, part in self.parts.items()]
+        return [f"{name}/{logic.metric_name}" for name, logic in self.task_logic.items()]
 
     def unpack_batch(self, batch: Any) -> tuple[Tensor, TaskTargets]:
         """The images of every task's batch, task after task, and each task's targets. The
         composition is kept for the heads: each reads its own task's images (`forward_layout`)."""
         if not isinstance(batch, dict):
             raise ValueError(
-                f"{type(self).__name__} reads a batch of each task, by name ({sorted(self.parts)}): use "
+                f"{type(self).__name__} reads a batch of each task, by name ({sorted(self.task_logic)}): use "
                 "splitlab.data.MultiTaskData, whose loaders Lightning's CombinedLoader combines"
             )
         images, parts, start = [], {}, 0
-        for name, part in self.parts.items():
+        for name, logic in self.task_logic.items():
             if batch.get(name) is None:  # a task whose loader ran out (evaluation's max_size mode)
                 continue
-            x, targets = part.unpack_batch(batch[name])
+            x, targets = logic.unpack_batch(batch[name])
             images.append(x)
             parts[name] = (list(range(start, start + x.shape[0])), targets)
             start += x.shape[0]
         if not images:
-            raise ValueError(f"a batch with no task's images (tasks: {sorted(self.parts)})")
+            raise ValueError(f"a batch with no task's images (tasks: {sorted(self.task_logic)})")
         self._composition = TaskTargets(parts, start)
         return torch.cat(images), self._composition
 
     def repeat_targets(self, targets: TaskTargets, times: int) -> TaskTargets:
         positions = targets.images(times)
         parts = {
-            name: (positions[name], self.parts[name].repeat_targets(t, times))
+            name: (positions[name], self.task_logic[name].repeat_targets(t, times))
             for name, (_, t) in targets.parts.items()
         }
         return TaskTargets(parts, targets.batch_size * times)
@@ -210,8 +168,9 @@ class MultiTaskSplit(SplitTask):
         the task whose loss is larger. The running means move while training, after the batch is
         scaled (the batch's own losses do not scale it; a run's first batch sets them)."""
         losses: Tensor | None = None
+        inputs = LossInputs(self.generator, self.stage == "ppo")
         for k, (name, (positions, task_targets)) in self._ordered(targets):
-            loss = self.parts[name].per_image_loss(outputs[name], task_targets)
+            loss = self.task_logic[name].per_image_loss(outputs[name], task_targets, inputs)
             first = self.training and not bool(self.loss_scale[k] > 0)
             if first:
                 self._update_scale(k, loss.detach())
@@ -224,7 +183,7 @@ class MultiTaskSplit(SplitTask):
 
     def _ordered(self, targets: TaskTargets) -> list[tuple[int, tuple[str, Any]]]:
         """Each task's part of ``targets`` with the task's index, in the model's task order."""
-        names = list(self.parts)
+        names = list(self.task_logic)
         return sorted(((names.index(n), (n, part)) for n, part in targets.parts.items()), key=lambda x: x[0])
 
     def _update_scale(self, k: int, loss: Tensor) -> None:
@@ -238,16 +197,16 @@ class MultiTaskSplit(SplitTask):
         self, metrics: TaskMetrics, outputs: Any, targets: TaskTargets, layout: TokenLayout
     ) -> None:
         for name, (positions, task_targets) in targets.parts.items():
-            self.parts[name].update_metrics(
+            self.task_logic[name].update_metrics(
                 metrics.tasks[name], outputs[name], task_targets, layout.select(positions)
             )
 
     def annotated_cells(self, batch: Any, grid: tuple[int, int]) -> Tensor | None:
         cells = []
-        for name, part in self.parts.items():
+        for name, logic in self.task_logic.items():
             if batch.get(name) is None:
                 continue
-            found = part.annotated_cells(batch[name], grid)
+            found = logic.annotated_cells(batch[name], grid)
             if found is None:
                 return None
             cells.append(found)
@@ -257,32 +216,33 @@ class MultiTaskSplit(SplitTask):
         composition = self._composition
         for name, (positions, _) in composition.parts.items() if composition else []:
             if index in positions:
-                return {name: self.parts[name].describe_prediction(outputs[name], positions.index(index))}
+                logic = self.task_logic[name]
+                return {name: logic.describe_prediction(outputs[name], positions.index(index))}
         return {}
 
     # ----------------------------------------------------------------------------- data
     def check_data(self, datamodule: Any) -> None:
-        """Every task's data checked as its own task checks it, and the same image size throughout."""
-        loaders = getattr(datamodule, "tasks", None)
-        if not isinstance(loaders, dict) or set(loaders) != set(self.parts):
+        """Every task's data checked against the run and its own task, as a single-task run checks it."""
+        loaders, names = getattr(datamodule, "tasks", None), sorted(self.task_logic)
+        if not isinstance(loaders, dict) or set(loaders) != set(names):
             raise ValueError(
-                f"{type(self).__name__} with tasks {sorted(self.parts)} needs data of each by the same names "
-                f"(splitlab.data.MultiTaskData with task_data {sorted(self.parts)}), got {type(datamodule).__name__}"
+                f"{type(self).__name__} with tasks {names} needs data of each by the same names "
+                f"(splitlab.data.MultiTaskData with task_data {names}), got {type(datamodule).__name__}"
                 + (f" with task_data {sorted(loaders)}" if isinstance(loaders, dict) else "")
             )
-        for name, part in self.parts.items():
-            part.check_data(loaders[name])
+        for name, logic in self.task_logic.items():
+            self.check_task_data(logic, loaders[name])
 
     def adopt_data(self, datamodule: Any) -> None:
         """Each task's names and category ids for its member, the first task's preprocessing for the
         model (one preprocessing feeds the one backbone pass)."""
         loaders = getattr(datamodule, "tasks", {})
-        for name in self.parts:
+        for name in self.task_logic:
             data = loaders.get(name)
             self.model.set_member_data(
                 name, getattr(data, "names", None), getattr(data, "category_ids", None)
             )
-        preprocessing = getattr(loaders.get(next(iter(self.parts))), "preprocessing", None)
+        preprocessing = getattr(loaders.get(next(iter(self.task_logic))), "preprocessing", None)
         if isinstance(preprocessing, Preprocessing):
             self.model.preprocessing = preprocessing
 
@@ -290,5 +250,5 @@ class MultiTaskSplit(SplitTask):
         super().on_load_checkpoint(checkpoint)
         saved = checkpoint.get("splitlab", {}).get("model", {}).get("head", {}).get("tasks", {})
         for name, settings in saved.items():
-            if name in self.parts:
+            if name in self.task_logic:
                 self.model.set_member_data(name, settings.get("names"), settings.get("category_ids"))

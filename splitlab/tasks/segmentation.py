@@ -1,4 +1,5 @@
-"""`SegmentationTask`: SPLIT semantic segmentation with mmsegmentation decode heads."""
+"""`SegmentationTask`: SPLIT semantic segmentation with mmsegmentation decode heads, and
+`SegmentationLogic`, its own code (loss, metrics, annotations, data checks)."""
 
 from __future__ import annotations
 
@@ -11,92 +12,77 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
-from splitlab.lightning_private import attached_trainer, syncs_batchnorm
 from splitlab.metrics import FineCoverage, cell_classes
-from splitlab.model import SplitSegmenter
+from splitlab.model import SplitModel, SplitSegmenter
 from splitlab.tasks.dense import DenseTask
+from splitlab.tasks.logic import LossInputs, RunFacts, TaskLogic
 from splitlab.tokenizer import TokenLayout
 
 
-class SegmentationTask(DenseTask):
-    """Semantic segmentation: simple feature pyramid + an mmseg decode head (`splitlab.heads.SegmentationHead`).
-
-    The per-sample loss is each image's mean pixel cross-entropy (plus ``aux_weight`` times the
-    auxiliary head's). Besides mIoU it reports where the fine tokens go (`FineCoverage`).
+class SegmentationLogic(TaskLogic):
+    """Segmentation's own code: each image's mean pixel cross-entropy, mIoU, pixel accuracy and
+    where the fine tokens go (`FineCoverage`).
 
     Args:
-        num_classes: classes (150 for ADE20K).
-        decode_head: mmseg head config overriding UPerHead's defaults.
-        auxiliary_head: mmseg head config for an auxiliary head (``{}`` for an FCN head on
-            level 2), or None for none.
-        aux_weight: weight of the auxiliary loss.
-        ignore_index: unlabelled pixels.
+        model: the task's `SplitSegmenter` (or a multi-task model's segmentation member).
+        num_classes: classes.
+        ignore_index: unlabelled pixels (padding too): neither trained nor scored.
+        aux_weight: weight of the auxiliary head's loss.
         background_classes: classes that are not objects, for the fine-coverage metric.
-        **kwargs: `DenseTask` arguments (``pyramid_channels``, ``pyramid_indices``) and `SplitTask`'s.
     """
 
     task_name = "segmentation"
     metric_name = "miou"
-    model_class = SplitSegmenter
 
     def __init__(
         self,
-        num_classes: int = 150,
-        decode_head: dict[str, Any] | None = None,
-        auxiliary_head: dict[str, Any] | None = None,
-        aux_weight: float = 0.4,
-        ignore_index: int = 255,
-        background_classes: Sequence[int] = (),
-        **kwargs: Any,
+        model: SplitModel,
+        num_classes: int,
+        ignore_index: int,
+        aux_weight: float,
+        background_classes: Sequence[int],
     ) -> None:
-        super().__init__(**kwargs)
-
-    def configure_models(self) -> None:
-        hp = self.hparams
-        outside = [c for c in hp.background_classes if not 0 <= c < hp.num_classes]
+        outside = [c for c in background_classes if not 0 <= c < num_classes]
         if outside:
-            raise ValueError(f"background_classes {outside} are not classes of num_classes={hp.num_classes}")
-        super().configure_models()
+            raise ValueError(f"background_classes {outside} are not classes of num_classes={num_classes}")
+        super().__init__(model)
+        self.num_classes, self.ignore_index, self.aux_weight = num_classes, ignore_index, aux_weight
+        self.background_classes = background_classes
 
-    def check_data(self, datamodule: Any) -> None:
-        """Also: one ``ignore_index`` for data and model (else padding and unlabelled pixels are
-        trained and scored as a class), and, when training, at least 2 images per BatchNorm step."""
-        super().check_data(datamodule)
+    def check_data(self, datamodule: Any, run: RunFacts) -> None:
+        """One ``ignore_index`` for data and model (else padding and unlabelled pixels are trained and
+        scored as a class), and, when training, at least 2 images per BatchNorm step."""
         data_hp = getattr(datamodule, "hparams", {})
-        theirs, mine = data_hp.get("ignore_index"), self.hparams.ignore_index
+        theirs, mine = data_hp.get("ignore_index"), self.ignore_index
         if theirs is not None and int(theirs) != int(mine):
             raise ValueError(
                 f"data.init_args.ignore_index={theirs} but model.init_args.ignore_index={mine}: the data marks "
                 "padding and unlabelled pixels with its value, the loss and metrics skip the model's; set both alike"
             )
         batch = getattr(datamodule, "batch_size", data_hp.get("batch_size"))
-        trainer = self.trainer if attached_trainer(self) is not None else None
-        fitting = trainer is not None and trainer.state.fn == "fit"
         has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.head.modules())
         # trainer.sync_batchnorm=true keeps a layer sync (the BatchNorms are converted later, in the
         # strategy's setup): then each BatchNorm sees every rank's images
-        synced = fitting and syncs_batchnorm(trainer)
-        per_norm = int(batch) * (trainer.world_size if synced else 1) if batch is not None else 2
-        if fitting and has_bn and per_norm < 2:
+        synced = run.fitting and run.synced_batchnorm
+        per_norm = int(batch) * (run.world_size if synced else 1) if batch is not None else 2
+        if run.fitting and has_bn and per_norm < 2:
             raise ValueError(
                 f"data.init_args.batch_size={batch}: the decode head's BatchNorm needs at least 2 images per "
                 "training step (UPerHead's 1x1 pooling branch has one value per image); use batch_size >= 2, "
                 "or several GPUs with trainer.sync_batchnorm=true"
-                + ("" if trainer.world_size < 2 else f" (this run: {trainer.world_size} GPUs, not synced)")
+                + ("" if run.world_size < 2 else f" (this run: {run.world_size} GPUs, not synced)")
             )
 
-    def per_image_loss(self, outputs: dict[str, Tensor], targets: Tensor) -> Tensor:
-        return self.head.per_image_loss(outputs, targets, self.hparams.ignore_index, self.hparams.aux_weight)
+    def per_image_loss(self, outputs: dict[str, Tensor], targets: Tensor, inputs: LossInputs) -> Tensor:
+        return self.head.per_image_loss(outputs, targets, self.ignore_index, self.aux_weight)
 
     def build_metrics(self) -> MetricCollection:
-        hp = self.hparams
+        classes, ignore = self.num_classes, self.ignore_index
         return MetricCollection(
             {
-                "miou": MulticlassJaccardIndex(hp.num_classes, ignore_index=hp.ignore_index, average="macro"),
-                "pixel_accuracy": MulticlassAccuracy(
-                    hp.num_classes, ignore_index=hp.ignore_index, average="micro"
-                ),
-                "coverage": FineCoverage(self.levels.finest, hp.ignore_index, hp.background_classes),
+                "miou": MulticlassJaccardIndex(classes, ignore_index=ignore, average="macro"),
+                "pixel_accuracy": MulticlassAccuracy(classes, ignore_index=ignore, average="micro"),
+                "coverage": FineCoverage(self.finest, ignore, self.background_classes),
             },
             compute_groups=False,
         )
@@ -113,11 +99,11 @@ class SegmentationTask(DenseTask):
         """The finest cells on an object (a class not in ``background_classes``) or on a class
         boundary: the cells the coverage metric counts, where a coarse token blurs the answer."""
         _, targets = self.unpack_batch(batch)
-        cell, hp = self.levels.finest, self.hparams
+        cell = self.finest
         size = (grid[0] * cell, grid[1] * cell)
         if tuple(targets.shape[-2:]) != size:
             targets = F.interpolate(targets[:, None].float(), size=size, mode="nearest")[:, 0].long()
-        is_object, boundary = cell_classes(targets, cell, hp.ignore_index, hp.background_classes)
+        is_object, boundary = cell_classes(targets, cell, self.ignore_index, self.background_classes)
         return is_object | boundary
 
     def finish_results(self, results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -128,7 +114,7 @@ class SegmentationTask(DenseTask):
                 results[policy][key] = float("nan")
         if empty:
             rank_zero_warn(
-                f"the evaluation masks hold no labelled pixels (every pixel is ignore_index={self.hparams.ignore_index}): "
+                f"the evaluation masks hold no labelled pixels (every pixel is ignore_index={self.ignore_index}): "
                 "mIoU, pixel accuracy and fine-token coverage are not defined and are reported as null"
             )
         return super().finish_results(results)
@@ -138,3 +124,39 @@ class SegmentationTask(DenseTask):
     ) -> dict[str, Any]:
         classes = outputs["logits"][index].argmax(0).unique().tolist()
         return {"classes_present": classes}
+
+
+class SegmentationTask(DenseTask):
+    """Semantic segmentation: simple feature pyramid + an mmseg decode head (`splitlab.heads.SegmentationHead`).
+
+    The per-sample loss is each image's mean pixel cross-entropy (plus ``aux_weight`` times the
+    auxiliary head's). Besides mIoU it reports where the fine tokens go (`FineCoverage`). The task's
+    own code is `SegmentationLogic`'s.
+
+    Args:
+        num_classes: classes (150 for ADE20K).
+        decode_head: mmseg head config overriding UPerHead's defaults.
+        auxiliary_head: mmseg head config for an auxiliary head (``{}`` for an FCN head on
+            level 2), or None for none.
+        aux_weight: weight of the auxiliary loss.
+        ignore_index: unlabelled pixels.
+        background_classes: classes that are not objects, for the fine-coverage metric.
+        **kwargs: `DenseTask` arguments (``pyramid_channels``, ``pyramid_indices``) and `SplitTask`'s.
+    """
+
+    task_name = SegmentationLogic.task_name
+    metric_name = SegmentationLogic.metric_name
+    model_class = SplitSegmenter
+    logic_class = SegmentationLogic
+
+    def __init__(
+        self,
+        num_classes: int = 150,
+        decode_head: dict[str, Any] | None = None,
+        auxiliary_head: dict[str, Any] | None = None,
+        aux_weight: float = 0.4,
+        ignore_index: int = 255,
+        background_classes: Sequence[int] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)

@@ -14,8 +14,9 @@ from lightning import LightningModule
 from lightning.pytorch.utilities import rank_zero_warn
 
 from splitlab.checkpoint import plain, read_checkpoint, safe_checkpoint_globals
-from splitlab.lightning_private import attached_trainer
+from splitlab.lightning_private import attached_trainer, syncs_batchnorm
 from splitlab.model.preprocess import Preprocessing
+from splitlab.tasks.logic import RunFacts, TaskLogic
 
 __all__ = ["SamplingStream", "TaskState", "load_task", "read_checkpoint"]
 
@@ -75,7 +76,7 @@ class TaskState:
     @property
     def num_classes(self) -> int | None:
         """Classes of the task's head (None where the task has no class count)."""
-        return self.hparams.get("num_classes")
+        return self.logic.num_classes
 
     def setup(self, stage: str) -> None:
         if attached_trainer(self) is None:
@@ -107,6 +108,11 @@ class TaskState:
 
     def check_data(self, datamodule: Any) -> None:
         """Refuse data that does not fit the model, before any work (Lightning sets the data up first)."""
+        self.check_task_data(self.logic, datamodule)
+
+    def check_task_data(self, logic: TaskLogic, datamodule: Any) -> None:
+        """Refuse ``datamodule`` where it does not fit the run (image size, the annotations its settings
+        ask for) or ``logic``, the task it feeds (classes, then the task's own checks)."""
         size = getattr(datamodule, "img_size", None)
         height, width = self.backbone.img_size
         sides = (
@@ -136,12 +142,20 @@ class TaskState:
                 f"this data gives none to {type(self).__name__} (classification: data.init_args.objects, a "
                 "file of object boxes); drop the setting or give the annotations"
             )
-        classes, mine = getattr(datamodule, "num_classes", None), self.num_classes
+        classes, mine = getattr(datamodule, "num_classes", None), logic.num_classes
         if classes and mine is not None and int(classes) != int(mine):
             raise ValueError(
                 f"the data has {classes} classes but model.init_args.num_classes={mine}: "
                 f"set model.init_args.num_classes={classes} (or check data.init_args.root)"
             )
+        logic.check_data(datamodule, self.run_facts())
+
+    def run_facts(self) -> RunFacts:
+        """What a task's data check reads of the trainer (none attached: not fitting, one rank)."""
+        trainer = attached_trainer(self)
+        if trainer is None:
+            return RunFacts()
+        return RunFacts(trainer.state.fn == "fit", trainer.world_size, syncs_batchnorm(trainer))
 
     def rebuilt_keys(self) -> set[str]:
         """State-dict keys the task rebuilds identically whenever it is built (e.g. a frozen language

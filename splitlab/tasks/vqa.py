@@ -1,4 +1,5 @@
-"""`VQATask`: SPLIT visual question answering, LLaVA-style (ViT -> projector -> causal LM)."""
+"""`VQATask`: SPLIT visual question answering, LLaVA-style (ViT -> projector -> causal LM), and
+`VQALogic`, its own code (loss, answers, metrics)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,62 @@ from splitlab.heads.vqa import PROMPT, lora_adapters
 from splitlab.metrics import VQAAccuracy
 from splitlab.model import SplitVQA
 from splitlab.tasks.base import SplitTask
+from splitlab.tasks.logic import LossInputs, TaskLogic
 from splitlab.tokenizer import TokenLayout
+
+
+class VQALogic(TaskLogic):
+    """VQA's own code: the mean teacher-forced answer-token NLL of each image's questions, greedy
+    answers, and the VQA accuracy.
+
+    Args:
+        model: the task's `SplitVQA`.
+        question_types: question types whose accuracy is reported apart (``vqa_q_<type>``).
+        vqa_accuracy_mode: the accuracy's answer normalisation (`splitlab.metrics.vqa_score`).
+    """
+
+    task_name = "vqa"
+    metric_name = "vqa_accuracy"
+
+    def __init__(
+        self, model: SplitVQA, question_types: list[str] | tuple[str, ...], vqa_accuracy_mode: str
+    ) -> None:
+        super().__init__(model)
+        self.question_types, self.vqa_accuracy_mode = question_types, vqa_accuracy_mode
+
+    def repeat_targets(self, targets: list[dict[str, Any]], times: int) -> list[dict[str, Any]]:
+        return list(targets) * times
+
+    def per_image_loss(
+        self, outputs: list[Tensor], targets: list[dict[str, Any]], inputs: LossInputs
+    ) -> Tensor:
+        questions = [t["questions"] for t in targets]
+        answers = [t["multiple_choice_answers"] for t in targets]
+        return self.head.bridge.per_image_loss(outputs, questions, answers)
+
+    def build_metrics(self) -> MetricCollection:
+        metric = VQAAccuracy(list(self.question_types), mode=self.vqa_accuracy_mode)
+        return MetricCollection({"vqa": metric})
+
+    def finish_outputs(self, outputs: list[Tensor], targets: list[dict[str, Any]]) -> list[list[str]]:
+        """The answers (prefill and greedy decoding), inside the evaluation's clock: in VQA the
+        language model is where the visual token count costs most."""
+        return self.model.answer(outputs, [t["questions"] for t in targets])
+
+    def update_metrics(
+        self,
+        metrics: MetricCollection,
+        outputs: list[list[str]],
+        targets: list[dict[str, Any]],
+        layout: TokenLayout,
+    ) -> None:
+        flat = [p for image in outputs for p in image]
+        metrics["vqa"].update(
+            flat,
+            [a for t in targets for a in t["answers"]],
+            [a for t in targets for a in t["answer_types"]],
+            [q for t in targets for q in t["question_types"]],
+        )
 
 
 class VQATask(SplitTask):
@@ -25,7 +81,7 @@ class VQATask(SplitTask):
     loss (PPO's reward) is the mean teacher-forced answer-token NLL over that image's questions;
     evaluation decodes greedily and scores with the official VQA accuracy. The LM is frozen unless
     ``train_lm`` (a small LM built from a config, as in CI, has to learn); the warm start fine-tunes
-    ViT and projector, PPO only the decision module.
+    ViT and projector, PPO only the decision module. The task's own code is `VQALogic`'s.
 
     Args:
         lm: the language model: a hub name or local folder (a LLaVA checkpoint gives its LM and
@@ -48,9 +104,10 @@ class VQATask(SplitTask):
         **kwargs: `SplitTask` arguments.
     """
 
-    task_name = "vqa"
-    metric_name = "vqa_accuracy"
+    task_name = VQALogic.task_name
+    metric_name = VQALogic.metric_name
     model_class = SplitVQA
+    logic_class = VQALogic
 
     def __init__(
         self,
@@ -89,38 +146,6 @@ class VQATask(SplitTask):
                 for module in lora_adapters(self.head.bridge.lm):
                     module.train()
         return self
-
-    def repeat_targets(self, targets: list[dict[str, Any]], times: int) -> list[dict[str, Any]]:
-        return list(targets) * times
-
-    def per_image_loss(self, outputs: list[Tensor], targets: list[dict[str, Any]]) -> Tensor:
-        questions = [t["questions"] for t in targets]
-        answers = [t["multiple_choice_answers"] for t in targets]
-        return self.head.bridge.per_image_loss(outputs, questions, answers)
-
-    def build_metrics(self) -> MetricCollection:
-        metric = VQAAccuracy(list(self.hparams.question_types), mode=self.hparams.vqa_accuracy_mode)
-        return MetricCollection({"vqa": metric})
-
-    def finish_outputs(self, outputs: list[Tensor], targets: list[dict[str, Any]]) -> list[list[str]]:
-        """The answers (prefill and greedy decoding), inside the evaluation's clock: in VQA the
-        language model is where the visual token count costs most."""
-        return self.model.answer(outputs, [t["questions"] for t in targets])
-
-    def update_metrics(
-        self,
-        metrics: MetricCollection,
-        outputs: list[list[str]],
-        targets: list[dict[str, Any]],
-        layout: TokenLayout,
-    ) -> None:
-        flat = [p for image in outputs for p in image]
-        metrics["vqa"].update(
-            flat,
-            [a for t in targets for a in t["answers"]],
-            [a for t in targets for a in t["answer_types"]],
-            [q for t in targets for q in t["question_types"]],
-        )
 
     def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
         """Each image's layout (as for every task) and its answers; the official results file

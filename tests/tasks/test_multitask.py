@@ -12,6 +12,10 @@ from PIL import Image
 from splitlab.cli import lightning_main
 from splitlab.data import generate_ade20k, generate_coco
 from splitlab.model import SplitMultiTask, load
+from splitlab.tasks import MultiTaskSplit, SplitTask, load_task
+from splitlab.tasks.logic import LossInputs
+from splitlab.tasks.multitask import TASK_CLASSES
+from splitlab.tasks.state import SamplingStream
 from tests.helpers import schedule_args, twin_configs
 
 SIZE = 64
@@ -163,10 +167,59 @@ def test_per_image_losses_are_each_images_own_task_loss_over_its_scale(run, data
         )
     assert losses.shape == (images.shape[0],)
     torch.testing.assert_close(losses[positions], alone)
-    own = task.parts["ade20k"].per_image_loss(
-        task.model.forward_layout(layout, {"ade20k": positions})["ade20k"], seg_targets
+    own = task.task_logic["ade20k"].per_image_loss(
+        task.model.forward_layout(layout, {"ade20k": positions})["ade20k"],
+        seg_targets,
+        LossInputs(task.generator),
     )
     torch.testing.assert_close(losses[positions], own / task.loss_scale[1])
+
+
+def single_task_twin(multi: MultiTaskSplit, name: str) -> SplitTask:
+    """The single-task run of ``multi``'s task ``name``: the run's shared settings and the task's own,
+    with the multi-task model's backbone, tokenizer and that task's head (the same weights)."""
+    given = dict(multi.hparams.tasks[name])
+    task_class = TASK_CLASSES[given.pop("task")]
+    shared = {k: v for k, v in multi.hparams.items() if k not in ("tasks", "loss_momentum")}
+    single = task_class(**shared, **given)
+    single.model.backbone.load_state_dict(multi.model.backbone.state_dict())
+    single.model.tokenizer.load_state_dict(multi.model.tokenizer.state_dict())
+    single.model.head.load_state_dict(multi.model.members[name].head.state_dict())
+    single.stage = multi.stage  # PPO's: detection's RoI loss on the reference proposals
+    single.sync_deployed()
+    return single.eval()
+
+
+def test_each_tasks_loss_and_metrics_are_its_single_task_runs(run, data_root) -> None:
+    """Each task of a multi-task run computes, on the same batch and weights, the per-image losses
+    (unscaled) and metrics its own single-task run does: one task code, held by name."""
+    out, cli = run
+    multi = load_task(out / "checkpoints" / "last.ckpt").eval()
+    batch = {name: next(iter(data.val_dataloader())) for name, data in cli.datamodule.tasks.items()}
+    images, targets = multi.unpack_batch(batch)
+    multi.sampling = SamplingStream(5)  # detection's heads draw their samplers' seeds from it
+    with torch.no_grad():
+        outputs, layout = multi(images)
+        losses = multi.per_image_loss(outputs, targets)
+        metrics = multi.build_metrics()
+        multi.update_metrics(metrics, outputs, targets, layout)
+    computed = metrics.compute()
+    for k, name in enumerate(multi.task_logic):
+        single = single_task_twin(multi, name)
+        single.sampling = SamplingStream(5)
+        positions, _ = targets.parts[name]
+        own_images, own_targets = single.unpack_batch(batch[name])
+        with torch.no_grad():
+            own_outputs, own_layout = single(own_images)
+            own_losses = single.per_image_loss(own_outputs, own_targets)
+            own_metrics = single.build_metrics()
+            single.update_metrics(own_metrics, own_outputs, own_targets, own_layout)
+        assert torch.equal(own_layout.fraction, layout.fraction[positions])
+        torch.testing.assert_close(losses[positions] * multi.loss_scale[k], own_losses)
+        own = {key: v for key, v in own_metrics.compute().items() if v.numel() == 1}
+        assert own and own.keys() == {key.split("/", 1)[1] for key in computed if key.startswith(f"{name}/")}
+        for key, value in own.items():
+            torch.testing.assert_close(computed[f"{name}/{key}"], value, equal_nan=True, msg=key)
 
 
 def test_data_of_other_tasks_is_refused_in_one_line(data_root, tmp_path) -> None:

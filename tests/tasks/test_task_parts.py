@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 from lightning import LightningModule
+from torch import nn
 
 import splitlab.tasks.base as base
-from splitlab.tasks import SplitTask
+from splitlab.tasks import ClassificationTask, DetectionTask, SegmentationTask, SplitTask, VQATask
 from splitlab.tasks.calibration import Calibration
 from splitlab.tasks.evaluation import PolicyEvaluation
+from splitlab.tasks.logic import TaskLogic
 from splitlab.tasks.optimization import Optimization
 from splitlab.tasks.state import TaskState
 from splitlab.tasks.training import StageTraining
@@ -28,6 +30,9 @@ def members(cls: type) -> set[str]:
     names = set(vars(cls))
     for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        targets = [
+            t for target in targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+        ]
         for target in targets:
             if (
                 isinstance(target, ast.Attribute)
@@ -89,3 +94,16 @@ def test_every_setting_of_a_task_has_its_help_line() -> None:
     documented = {p.arg_name for p in docstring_parser.parse(inspect.getdoc(SplitTask.__init__)).params}
     settings = set(inspect.signature(SplitTask.__init__).parameters) - {"self"}
     assert settings <= documented, f"settings without a help line: {sorted(settings - documented)}"
+
+
+def test_each_tasks_own_code_is_a_plain_object_without_attribute_fallback() -> None:
+    """A task's code (`TaskLogic`) is no module of the run and borrows nothing: every name it reads
+    is its own or given to it; no class in tasks/ forwards unknown attributes elsewhere."""
+    for task in (ClassificationTask, DetectionTask, SegmentationTask, VQATask):
+        logic = task.logic_class
+        assert issubclass(logic, TaskLogic) and not issubclass(logic, nn.Module), logic
+        assert (logic.task_name, logic.metric_name) == (task.task_name, task.metric_name)
+        borrowed = used(logic) - set().union(*(members(c) for c in logic.__mro__ if c is not object))
+        assert not borrowed, f"{logic.__name__} reads names it does not define: {sorted(borrowed)}"
+    for file in Path(base.__file__).parent.glob("*.py"):
+        assert "__getattr__" not in file.read_text(), file.name

@@ -1,0 +1,129 @@
+"""`TaskLogic`: a task's own code as a plain object, not a module of the run.
+
+What a batch holds, the per-image loss, the metrics, the cells the annotations mark, the data the
+task accepts and a prediction's summary: built from the task's model (its head, names, levels) and
+the task's own settings, and told explicitly whatever else it reads of the run (`LossInputs`,
+`RunFacts`). A single-task `SplitTask` holds one (``logic``), `MultiTaskSplit` one per task, by
+name, each on that task's member model: the same code, the same numbers, no attribute borrowed.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+from torchmetrics import MetricCollection
+
+from splitlab.model import SplitModel
+from splitlab.tokenizer import TokenLayout
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What a per-image loss may read of the run: the policy's sampling generator (detection seeds
+    its heads' samplers from it, so that resumed runs repeat them) and whether the RoI loss is taken
+    on PPO's layout-independent reference proposals."""
+
+    generator: torch.Generator
+    reference: bool = False
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a data check may read of the trainer: whether it fits, over how many ranks, and whether
+    it synchronises BatchNorm layers across them (``trainer.sync_batchnorm``)."""
+
+    fitting: bool = False
+    world_size: int = 1
+    synced_batchnorm: bool = False
+
+
+def own_settings(logic_class: type[TaskLogic], task_class: type, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings ``logic_class`` takes after the model: each from ``given`` where set, else
+    ``task_class``'s default (the one its ``--model.help`` shows: one default per setting)."""
+    defaults: dict[str, Any] = {}
+    for cls in reversed(task_class.__mro__):
+        init = vars(cls).get("__init__")
+        if inspect.isfunction(init):
+            for name, param in inspect.signature(init).parameters.items():
+                if param.default is not inspect.Parameter.empty:
+                    defaults[name] = param.default
+    wanted = list(inspect.signature(logic_class).parameters)[1:]
+    return {name: given[name] if name in given else defaults[name] for name in wanted}
+
+
+class TaskLogic:
+    """The code of a task that a batch of plain tensors needs: the defaults here are those of a task
+    whose batches are ``(images, labels)`` tensors; each task's class overrides what differs.
+
+    Args:
+        model: the task's model (a single-task run's `SplitModel`, or a multi-task model's member):
+            its head, names and levels.
+    """
+
+    task_name: ClassVar[str] = "task"
+    metric_name: ClassVar[str] = "metric"
+    num_classes: int | None = None  # classes of the task's head (None where the task has no class count)
+
+    def __init__(self, model: SplitModel) -> None:
+        self.model = model
+
+    @property
+    def head(self) -> nn.Module | None:
+        return self.model.head
+
+    @property
+    def finest(self) -> int:
+        """The finest patch size: the cell in which annotations and coverage are read."""
+        return self.model.levels.finest
+
+    def unpack_batch(self, batch: Any) -> tuple[Tensor, Any]:
+        """``(images, targets)`` of a batch."""
+        return batch[0], batch[1]
+
+    def repeat_targets(self, targets: Any, times: int) -> Any:
+        """Targets for ``times`` rollouts of the batch, rollout after rollout."""
+        return targets.repeat(times, *([1] * (targets.dim() - 1)))
+
+    def per_image_loss(self, outputs: Any, targets: Any, inputs: LossInputs) -> Tensor:
+        """The task loss of each image, shape ``(B,)``: its mean trains the task, its values are PPO rewards."""
+        raise NotImplementedError
+
+    def build_metrics(self) -> MetricCollection:
+        """A fresh metric collection of the task (keys are metric names, one is `metric_name`)."""
+        raise NotImplementedError
+
+    def update_metrics(
+        self, metrics: MetricCollection, outputs: Any, targets: Any, layout: TokenLayout
+    ) -> None:
+        """Feed one batch (and the layout it was computed on) to a metric collection."""
+        raise NotImplementedError
+
+    def annotated_cells(self, batch: Any, grid: tuple[int, int]) -> Tensor | None:
+        """``(B, rows, cols)`` bool: the finest cells a batch's annotations (boxes, masks) say need finest
+        tokens, or None (the default); the ``oracle`` row and ``label_source: annotations`` read it."""
+        return None
+
+    def check_data(self, datamodule: Any, run: RunFacts) -> None:
+        """Refuse data this task cannot learn from, in one line naming the setting (after the run's
+        own checks: image size, annotations, classes); none by default."""
+
+    def finish_outputs(self, outputs: Any, targets: Any) -> Any:
+        """Inference work after the task head that belongs in images/s (VQA: the language model
+        answering); the default has none."""
+        return outputs
+
+    def finish_results(self, results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        """Each policy's computed metrics, before they are logged and tabulated (the labelled-pixel
+        count the coverage metric keeps is for segmentation only)."""
+        for row in results.values():
+            row.pop("labelled_pixels", None)
+        return results
+
+    def describe_prediction(self, outputs: Any, index: int, target: Any = None) -> Any:
+        """A JSON-friendly summary of one image's prediction (``target``: its batch entry, if any)."""
+        return None
