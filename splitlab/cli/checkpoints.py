@@ -130,6 +130,7 @@ TRAINING = {
     *(f"controller.{f}" for f in ("lr", "gain", "damping", "init")),
     *(f"policy_options.{f}" for f in ("apt_search", "entropy_thresholds", "sampling_seed")),
     "ppo",
+    "detector",
     "label_smoothing",
     "aux_weight",
 }
@@ -142,6 +143,7 @@ NESTED = (
     "optim",
     "warm_start",
     "ppo",
+    "detector",
     "controller",
 )
 

@@ -4,7 +4,13 @@ The feature pyramid that dense heads share, torchvision's detection heads, the m
 decode-head adapter. The LightningModules in `splitlab.tasks` wire a head to its loss and metrics.
 """
 
-from splitlab.heads.detection import DETECTORS, DetectionHead, reference_proposals, without_crowd
+from splitlab.heads.detection import (
+    DETECTORS,
+    DetectionHead,
+    DetectorSettings,
+    reference_proposals,
+    without_crowd,
+)
 from splitlab.heads.pyramid import (
     SimpleFeaturePyramid,
     check_pyramid_grid,
@@ -18,6 +24,7 @@ from splitlab.heads.vqa import LanguageBridge, VisualProjector, VQAHead, token_o
 __all__ = [
     "DETECTORS",
     "DetectionHead",
+    "DetectorSettings",
     "LanguageBridge",
     "SegmentationHead",
     "SimpleFeaturePyramid",

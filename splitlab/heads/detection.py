@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +25,35 @@ from splitlab.backbone import PackedFeatures
 from splitlab.heads.pyramid import SimpleFeaturePyramid
 
 DETECTORS = {"faster_rcnn": FasterRCNN, "mask_rcnn": MaskRCNN}
+
+
+@dataclass(frozen=True)
+class DetectorSettings:
+    """The torchvision detector a `DetectionHead` builds on the pyramid, declared here once: the
+    detection task takes it whole (``model.init_args.detector``), config.json keeps it as a mapping.
+
+    Args:
+        name: ``faster_rcnn`` or ``mask_rcnn`` (which learns from instance masks).
+        anchor_sizes: one anchor size per pyramid level, in pixels.
+        aspect_ratios: anchor aspect ratios.
+        representation_size: width of the box head's two-layer MLP.
+        torchvision_kwargs: further torchvision arguments (``rpn_batch_size_per_image``,
+            ``box_detections_per_img``, ...).
+    """
+
+    name: str = "faster_rcnn"
+    anchor_sizes: tuple[int, ...] = (32, 64, 128, 256)
+    aspect_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)
+    representation_size: int = 1024
+    torchvision_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name not in DETECTORS:
+            raise ValueError(f"detector.name={self.name!r}: expected one of {sorted(DETECTORS)}")
+        # a recipe's lists, as the frozen value's tuples
+        object.__setattr__(self, "anchor_sizes", tuple(int(s) for s in self.anchor_sizes))
+        object.__setattr__(self, "aspect_ratios", tuple(float(r) for r in self.aspect_ratios))
+        object.__setattr__(self, "torchvision_kwargs", dict(self.torchvision_kwargs or {}))
 
 
 class PyramidStub(nn.Module):
@@ -100,11 +130,7 @@ class DetectionHead(nn.Module):
         pyramid: the feature pyramid (`SimpleFeaturePyramid.for_backbone`).
         num_classes: object categories (background excluded).
         img_size: network input size ``(H, W)`` (fixes torchvision's resize to a no-op).
-        detector: ``faster_rcnn`` or ``mask_rcnn``.
-        anchor_sizes: one anchor size per pyramid level, in pixels.
-        aspect_ratios: anchor aspect ratios.
-        representation_size: width of the box head's two-layer MLP.
-        detector_kwargs: extra torchvision arguments (``rpn_batch_size_per_image``, ...).
+        settings: the detector (`DetectorSettings`; a mapping of its fields is read as one).
     """
 
     def __init__(
@@ -112,38 +138,38 @@ class DetectionHead(nn.Module):
         pyramid: SimpleFeaturePyramid,
         num_classes: int,
         img_size: tuple[int, int],
-        detector: str = "faster_rcnn",
-        anchor_sizes: Sequence[int] = (32, 64, 128, 256),
-        aspect_ratios: Sequence[float] = (0.5, 1.0, 2.0),
-        representation_size: int = 1024,
-        detector_kwargs: dict[str, Any] | None = None,
+        settings: DetectorSettings | dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if detector not in DETECTORS:
-            raise ValueError(f"detector={detector!r}: expected one of {sorted(DETECTORS)}")
+        if not isinstance(settings, DetectorSettings):
+            settings = DetectorSettings(**(settings or {}))
+        self.settings = settings
+        anchor_sizes, representation_size = settings.anchor_sizes, settings.representation_size
         levels = len(pyramid.scales)
         if len(anchor_sizes) != levels:
-            raise ValueError(f"anchor_sizes={list(anchor_sizes)}: give one size per pyramid level ({levels})")
+            raise ValueError(
+                f"detector.anchor_sizes={list(anchor_sizes)}: give one size per pyramid level ({levels})"
+            )
         channels = pyramid.out_channels
         names = [str(i) for i in range(levels)]
         kwargs: dict[str, Any] = {
             "box_head": TwoMLPHead(channels * 7 * 7, representation_size),
             "box_predictor": FastRCNNPredictor(representation_size, num_classes + 1),
             "rpn_anchor_generator": AnchorGenerator(
-                tuple((s,) for s in anchor_sizes), (tuple(aspect_ratios),) * levels
+                tuple((s,) for s in anchor_sizes), (settings.aspect_ratios,) * levels
             ),
             "box_roi_pool": MultiScaleRoIAlign(names, output_size=7, sampling_ratio=2),
             "min_size": img_size[0],
             "max_size": max(img_size),
             "image_mean": [0.0, 0.0, 0.0],
             "image_std": [1.0, 1.0, 1.0],
-            **(detector_kwargs or {}),
+            **settings.torchvision_kwargs,
         }
-        if detector == "mask_rcnn":  # torchvision's head widths
+        if settings.name == "mask_rcnn":  # torchvision's head widths
             kwargs["mask_roi_pool"] = MultiScaleRoIAlign(names, output_size=14, sampling_ratio=2)
             kwargs["mask_predictor"] = MaskRCNNPredictor(256, 256, num_classes + 1)
         self.pyramid = pyramid
-        self.detector = DETECTORS[detector](PyramidStub(channels), **kwargs)
+        self.detector = DETECTORS[settings.name](PyramidStub(channels), **kwargs)
 
     def forward(self, features: PackedFeatures) -> dict[str, Any]:
         """The pyramid and the input size of every image (all images share the network's size)."""

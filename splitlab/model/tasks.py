@@ -19,23 +19,8 @@ from splitlab.heads.vqa import PROMPT, LanguageBridge, build_language_model, bui
 from splitlab.model.base import SplitModel
 from splitlab.model.preprocess import Placement, Preprocessing
 
-# `DetectionHead`'s own settings
-DETECTION_HEAD = (
-    "num_classes",
-    "detector",
-    "anchor_sizes",
-    "aspect_ratios",
-    "representation_size",
-    "detector_kwargs",
-)
-
-
 # timm's poolings that give one vector per image, each run on the image's own packed tokens
 POOLS = ("token", "avg", "max", "avgmax", "map", "prr")
-
-
-def _pick(settings: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
-    return {k: settings[k] for k in keys if k in settings and settings[k] is not None}
 
 
 class SplitClassifier(SplitModel):
@@ -123,14 +108,13 @@ class DenseModel(SplitModel):
 class SplitDetector(DenseModel):
     """Detection: feature pyramid + torchvision's Faster / Mask R-CNN heads (`DetectionHead`).
 
-    Head settings: `DetectionHead`'s (``num_classes``, ``detector``, ``anchor_sizes``,
-    ``aspect_ratios``, ``representation_size``, ``detector_kwargs``), the pyramid's
+    Head settings: ``num_classes``, ``detector`` (`DetectorSettings`' fields, a mapping), the pyramid's
     (``pyramid_channels``, ``pyramid_indices``) and ``category_ids`` (the dataset's id of labels
     1..K, for COCO results files). ``names[k - 1]`` names label k (0 is torchvision's background).
     """
 
     task = "detection"
-    head_keys = (*DETECTION_HEAD, "pyramid_channels", "pyramid_indices", "category_ids")
+    head_keys = ("num_classes", "detector", "pyramid_channels", "pyramid_indices", "category_ids")
 
     def build_head(self, settings: dict[str, Any]) -> DetectionHead:
         patch = self.backbone.patch_size
@@ -141,7 +125,7 @@ class SplitDetector(DenseModel):
                 "model.init_args.backbone_kwargs.patch_size=16 (timm resamples the patch embedding)"
             )
         return DetectionHead(
-            self.pyramid(settings), img_size=self.backbone.img_size, **_pick(settings, DETECTION_HEAD)
+            self.pyramid(settings), settings["num_classes"], self.backbone.img_size, settings.get("detector")
         )
 
     def category_id(self, label: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -37,6 +37,11 @@ from splitlab.tasks.transfer import check_policy, transferred_decision
 from splitlab.tokenizer import LabelEmbedding, Levels, SplitTokenizer, TokenLayout, budget_points
 
 
+def _config_value(value: Any) -> Any:
+    """A setting as config.json holds it: a settings group as the mapping of its fields."""
+    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else copy.deepcopy(value)
+
+
 def model_config(hparams: Mapping[str, Any], head_keys: Sequence[str]) -> dict[str, Any]:
     """The `SplitModel` config (config.json's flat names) of a task's settings: the backbone and
     tokenizer, the budget range as its points, the deployed policy, and the head's ``head_keys``."""
@@ -54,7 +59,7 @@ def model_config(hparams: Mapping[str, Any], head_keys: Sequence[str]) -> dict[s
         "budget_points": budget_points(budget_range) if budget_range is not None else [budget],
         "max_fraction": hparams["max_fraction"],
         "policy": DEPLOYS.get(hparams["policy"], hparams["policy"]),  # a transferred policy is learned
-        "head": {k: copy.deepcopy(hparams[k]) for k in head_keys if k in hparams},
+        "head": {k: _config_value(hparams[k]) for k in head_keys if k in hparams},
     }
     return config
 
@@ -82,6 +87,7 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     metric_name = "metric"
     model_class: ClassVar[type[SplitModel]] = SplitModel
     logic_class: ClassVar[type[TaskLogic]] = TaskLogic
+    task_groups: ClassVar[dict[str, type]] = {}  # a task's own settings groups (detection's ``detector``)
 
     def __init__(
         self,
@@ -130,7 +136,8 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         super().__init__()
         self.save_hyperparameters()
         hp = self.hparams
-        for group, cls in (*GROUPS.items(), ("ppo", PPOConfig)):  # a recipe's or checkpoint's mapping
+        # a recipe's or checkpoint's mapping, as its dataclass
+        for group, cls in (*GROUPS.items(), ("ppo", PPOConfig), *self.task_groups.items()):
             hp[group] = settings_of(cls, hp[group], group)
         hp.budget_range = list(budget_range) if budget_range is not None else None
         self.automatic_optimization = False

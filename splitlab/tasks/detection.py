@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 from torchmetrics import MetricCollection
 
-from splitlab.heads import without_crowd
+from splitlab.heads import DetectorSettings, without_crowd
 from splitlab.metrics import cell_classes, coco_truth, detection_metrics, instance_label_map
 from splitlab.model import SplitDetector, SplitModel
 from splitlab.tasks.dense import DenseTask
@@ -24,23 +23,22 @@ class DetectionLogic(TaskLogic):
     Args:
         model: the task's `SplitDetector` (or a multi-task model's detection member).
         num_classes: object categories (background excluded).
-        detector: ``faster_rcnn`` or ``mask_rcnn`` (which learns from instance masks).
     """
 
     task_name = "detection"
     metric_name = "map"
 
-    def __init__(self, model: SplitModel, num_classes: int, detector: str) -> None:
+    def __init__(self, model: SplitModel, num_classes: int) -> None:
         super().__init__(model)
-        self.num_classes, self.detector = num_classes, detector
+        self.num_classes = num_classes
 
     def check_data(self, datamodule: Any, run: RunFacts) -> None:
         """Mask R-CNN learns from instance masks, which the data must load."""
         masks = getattr(datamodule, "hparams", {}).get("masks")
-        if self.detector == "mask_rcnn" and masks is False:
+        if self.model.head.settings.name == "mask_rcnn" and masks is False:
             raise ValueError(
-                "model.init_args.detector=mask_rcnn learns from instance masks, but data.init_args.masks=false "
-                "loads none: set data.init_args.masks=true (or detector: faster_rcnn)"
+                "model.init_args.detector.name=mask_rcnn learns from instance masks, but data.init_args.masks="
+                "false loads none: set data.init_args.masks=true (or detector.name: faster_rcnn)"
             )
 
     def repeat_targets(self, targets: list[dict[str, Tensor]], times: int) -> list[dict[str, Tensor]]:
@@ -121,12 +119,7 @@ class DetectionTask(DenseTask):
 
     Args:
         num_classes: object categories (background excluded).
-        detector: ``faster_rcnn`` or ``mask_rcnn``.
-        anchor_sizes: one anchor size per pyramid level, in pixels.
-        aspect_ratios: anchor aspect ratios.
-        representation_size: width of the box head's two-layer MLP.
-        detector_kwargs: extra torchvision arguments (``rpn_batch_size_per_image``,
-            ``box_detections_per_img``, ...).
+        detector: the torchvision detector, its anchors and box head (`DetectorSettings`).
         **kwargs: `DenseTask` arguments (``pyramid_channels``, ``pyramid_indices``) and `SplitTask`'s.
     """
 
@@ -134,15 +127,9 @@ class DetectionTask(DenseTask):
     metric_name = DetectionLogic.metric_name
     model_class = SplitDetector
     logic_class = DetectionLogic
+    task_groups = {"detector": DetectorSettings}
 
     def __init__(
-        self,
-        num_classes: int = 80,
-        detector: str = "faster_rcnn",
-        anchor_sizes: Sequence[int] = (32, 64, 128, 256),
-        aspect_ratios: Sequence[float] = (0.5, 1.0, 2.0),
-        representation_size: int = 1024,
-        detector_kwargs: dict[str, Any] | None = None,
-        **kwargs: Any,
+        self, num_classes: int = 80, detector: DetectorSettings = DetectorSettings(), **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)

@@ -15,7 +15,7 @@ from splitlab.heads.pyramid import SimpleFeaturePyramid
 def head(tiny_vit) -> DetectionHead:
     """Faster R-CNN heads on the tiny ViT's pyramid (64 px input, strides 4-32)."""
     pyramid = SimpleFeaturePyramid.for_backbone(tiny_vit, out_channels=16, indices=[1])
-    return DetectionHead(pyramid, 3, (64, 64), anchor_sizes=(8, 16, 32, 64), representation_size=32)
+    return DetectionHead(pyramid, 3, (64, 64), {"anchor_sizes": (8, 16, 32, 64), "representation_size": 32})
 
 
 def _outputs(batch: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict:
@@ -82,3 +82,13 @@ def test_boxes_are_decoded_in_float32_under_bf16_autocast(head) -> None:
     assert sum(len(d["boxes"]) for d in plain) > 0
     for got, want in zip(mixed, plain, strict=True):
         assert got["boxes"].dtype == torch.float32 and torch.equal(got["boxes"], want["boxes"])
+
+
+def test_detector_settings_are_checked_and_read_from_a_mapping() -> None:
+    from splitlab.heads import DetectorSettings
+
+    with pytest.raises(ValueError, match=r"detector.name='retinanet': expected one of \['faster_rcnn', 'mask_rcnn'\]"):
+        DetectorSettings(name="retinanet")
+    settings = DetectorSettings(anchor_sizes=[8, 16], aspect_ratios=[1], torchvision_kwargs=None)
+    assert settings.anchor_sizes == (8, 16) and settings.aspect_ratios == (1.0,)
+    assert settings.torchvision_kwargs == {}

@@ -24,8 +24,7 @@ HEADS = {
         "num_classes": 3,
         "pyramid_channels": 16,
         "pyramid_indices": [1],
-        "anchor_sizes": [8, 16, 32, 64],
-        "representation_size": 32,
+        "detector": {"anchor_sizes": [8, 16, 32, 64], "representation_size": 32},
         "category_ids": [1, 5, 9],
     },
     "segmentation": {

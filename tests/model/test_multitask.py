@@ -14,8 +14,7 @@ TASKS = {
         "num_classes": 3,
         "pyramid_channels": 16,
         "pyramid_indices": [1],
-        "anchor_sizes": [16, 32, 64, 128],
-        "representation_size": 32,
+        "detector": {"anchor_sizes": [16, 32, 64, 128], "representation_size": 32},
         "names": ["a", "b", "c"],
     },
     "ade20k": {

@@ -145,11 +145,11 @@ def test_mask_rcnn_without_masks_is_refused(tmp_path) -> None:
     from tests.tasks.test_per_image_loss import TINY
 
     task = DetectionTask(
-        num_classes=3, detector="mask_rcnn", pyramid_channels=16, pyramid_indices=[1], **TINY
+        num_classes=3, detector={"name": "mask_rcnn"}, pyramid_channels=16, pyramid_indices=[1], **TINY
     )
     data = SimpleNamespace(hparams={"masks": False}, img_size=64, num_classes=3)
     with pytest.raises(
-        ValueError, match="detector=mask_rcnn learns from instance masks, but data.init_args.masks=false"
+        ValueError, match="detector.name=mask_rcnn learns from instance masks, but data.init_args.masks=false"
     ):
         task.check_data(data)
 

@@ -16,7 +16,7 @@ def test_detection_per_image_loss_and_metrics(tmp_path, detector) -> None:
     )
     dm.setup("fit")
     images, targets = next(iter(dm.train_dataloader()))
-    task = tiny_detection_task(detector=detector)
+    task = tiny_detection_task(detector={"name": detector})
     for stage in ("warm_start", "ppo"):  # RPN proposals, then the layout-independent reference proposals
         task.stage = stage
         outputs, layout = task(images)
@@ -40,10 +40,11 @@ def test_detection_per_image_loss_and_metrics(tmp_path, detector) -> None:
     assert values["object_fine_coverage"].item() == pytest.approx(expected.item(), abs=1e-6)
 
 
-def tiny_detection_task(patch_size: int = 8, img_size: int = 64, **kwargs):
+def tiny_detection_task(patch_size: int = 8, img_size: int = 64, detector: dict | None = None, **kwargs):
     from splitlab.tasks import DetectionTask
 
     return DetectionTask(
+        detector={"anchor_sizes": [8, 16, 32, 64], "representation_size": 32, **(detector or {})},
         num_classes=3,
         backbone="vit_tiny_patch16_224",
         backbone_kwargs={
@@ -60,8 +61,6 @@ def tiny_detection_task(patch_size: int = 8, img_size: int = 64, **kwargs):
         },
         pyramid_channels=16,
         pyramid_indices=[1],
-        anchor_sizes=[8, 16, 32, 64],
-        representation_size=32,
         **kwargs,
     )
 

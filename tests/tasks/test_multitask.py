@@ -26,12 +26,14 @@ def tiny_tasks() -> dict:
         "coco": {
             "task": "detection",
             "num_classes": 3,
-            "detector": "faster_rcnn",
+            "detector": {
+                "name": "faster_rcnn",
+                "anchor_sizes": [16, 32, 64, 128],
+                "representation_size": 32,
+                "torchvision_kwargs": {"rpn_batch_size_per_image": 32, "box_batch_size_per_image": 32},
+            },
             "pyramid_channels": 16,
             "pyramid_indices": [1],
-            "anchor_sizes": [16, 32, 64, 128],
-            "representation_size": 32,
-            "detector_kwargs": {"rpn_batch_size_per_image": 32, "box_batch_size_per_image": 32},
         },
         "ade20k": {
             "task": "segmentation",

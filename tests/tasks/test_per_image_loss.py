@@ -29,8 +29,7 @@ def detection():
         num_classes=3,
         pyramid_channels=16,
         pyramid_indices=[1],
-        anchor_sizes=[8, 16, 32, 64],
-        representation_size=32,
+        detector={"anchor_sizes": [8, 16, 32, 64], "representation_size": 32},
         **TINY,
     )
     gen = torch.Generator().manual_seed(1)
