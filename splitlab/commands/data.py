@@ -18,9 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ("ade20k", "ADE20K-layout segmentation scenes"),
         ("coco", "COCO-format detection scenes (instances JSON)"),
     ):
-        add_written(
-            kinds.add_parser(name, help=help_), 128, (400, "training images"), (100, "validation images")
-        )
+        scenes = kinds.add_parser(name, help=help_)
+        add_written(scenes, 128, (400, "training images"), (100, "validation images"))
+        add_difficulty(scenes)
     add_vocabulary(kinds)
     add_vqa(kinds)
 
@@ -36,6 +36,17 @@ def add_written(
     p.add_argument("--train", type=positive_int, default=train[0], help=train[1])
     p.add_argument("--val", type=positive_int, default=val[0], help=val[1])
     p.add_argument("--seed", type=seed_value, default=0)
+
+
+def add_difficulty(p: argparse.ArgumentParser) -> None:
+    """``--difficulty``: the default twins' scenes, or the hard ones (many objects at several scales,
+    thin structures, outlines, natural textures: `splitlab.data.generators.hard_scenes`)."""
+    p.add_argument(
+        "--difficulty",
+        choices=("default", "hard"),
+        default="default",
+        help="default scenes, or hard ones (many objects, thin structures, natural textures; docs/hard_twins.md)",
+    )
 
 
 def add_range(p: argparse.ArgumentParser, option: str, kind: type | Callable[[str], Any], help_: str) -> None:
@@ -58,6 +69,7 @@ def add_shapes(kinds: argparse._SubParsersAction) -> None:
         default="busy",
         help="busy texture (entropy points away from the object) or one plain colour (entropy is the right cue)",
     )
+    add_difficulty(shapes)
 
 
 def add_vocabulary(kinds: argparse._SubParsersAction) -> None:

@@ -15,8 +15,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from splitlab.data.generators import hard_scenes as hs
+
 CLASSES = ("hstripes", "vstripes", "checks", "dots")
+# difficulty="hard": two more classes whose fill is flat and whose outline (solid, dashed) is the class
+HARD_CLASSES = (*CLASSES, "framed", "dashed")
 SPLITS = ("train", "val", "test")
+DIFFICULTIES = ("default", "hard")
 
 
 BACKGROUNDS = ("busy", "flat")
@@ -72,6 +77,41 @@ def render(
     return (img * 255).round().astype(np.uint8), (x0, y0, x0 + side, y0 + side)
 
 
+def render_hard(
+    kind: str,
+    rng: np.random.Generator,
+    img_size: int,
+    object_size: tuple[int, int],
+    detail: int = 2,
+    cell: int = 8,
+) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+    """One hard image of class ``kind`` (`HARD_CLASSES`) and its box: the object on a natural texture
+    among distractors that are not the class (a large flat blob, smaller flat squares, thin lines and a
+    lattice 1-3 finest cells of ``cell`` px wide), one thin line at times across the object."""
+    img = hs.natural_texture(rng, img_size)
+    side = int(rng.integers(img_size // 2, img_size * 3 // 4 + 1))  # larger than half the image
+    x0, y0 = hs.place(rng, img_size, side)
+    img[y0 : y0 + side, x0 : x0 + side] = 0.5 * img[y0 : y0 + side, x0 : x0 + side] + 0.5 * hs.colours(rng)[0]
+    for _ in range(int(rng.integers(1, 4))):
+        size = int(rng.integers(object_size[0], object_size[1] + 1))
+        x0, y0 = hs.place(rng, img_size, size)
+        img[y0 : y0 + size, x0 : x0 + size] = hs.colours(rng)[0]
+    for thin in ("line", "grid")[: int(rng.integers(1, 3))]:
+        img[hs.thin_mask(thin, rng, img_size, cell)] = hs.colours(rng)[0]
+    side = int(rng.integers(object_size[0], object_size[1] + 1))
+    x0, y0 = hs.place(rng, img_size, side)
+    if kind in hs.OUTLINED:
+        fill, ink = hs.colours(rng)
+        img[y0 : y0 + side, x0 : x0 + side] = hs.outlined_object(kind, rng, side, fill, ink)
+    else:
+        a, b = hs.colours(rng)
+        img[y0 : y0 + side, x0 : x0 + side] = np.where(pattern_mask(kind, side, detail)[..., None], b, a)
+    if rng.random() < 0.3:  # a wire in front of the object
+        img[hs.thin_mask("line", rng, img_size, cell)] = hs.colours(rng)[0]
+    img = np.clip(img + rng.normal(0, 0.03, img.shape), 0.0, 1.0)
+    return (img * 255).round().astype(np.uint8), (x0, y0, x0 + side, y0 + side)
+
+
 def check_img_size(img_size: int) -> None:
     """Generated images need room for their objects (shapes, COCO and ADE20K scenes alike)."""
     if img_size < 32:
@@ -88,6 +128,7 @@ def generate_shapes(
     fmt: str = "imagefolder",
     detail: int = 2,
     background: str = "busy",
+    difficulty: str = "default",
 ) -> Path:
     """Write the dataset (counts are per class).
 
@@ -103,6 +144,8 @@ def generate_shapes(
             coarse tokens, and every layout does well: measured random 93-97%, entropy 85%.)
         background: ``busy`` (default: pixel entropy is a poor guide) or ``flat`` (entropy is the
             right cue: the control on which a learned policy must at least match APT).
+        difficulty: ``default`` or ``hard`` (`render_hard`: the classes of `HARD_CLASSES`, smaller
+            objects on a natural texture among distractors; ``background`` does not apply).
 
     Besides the images, ``objects.json`` holds each object's box ``[x0, y0, x1, y1]`` per split,
     keyed by the image's path under ``out`` (or by its index in the split, for ``hf``).
@@ -112,16 +155,23 @@ def generate_shapes(
         raise ValueError(f"format={fmt!r}: expected 'imagefolder' or 'hf'")
     if background not in BACKGROUNDS:
         raise ValueError(f"background={background!r}: expected one of {BACKGROUNDS}")
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty={difficulty!r}: expected one of {DIFFICULTIES}")
+    hard = difficulty == "hard"
+    classes = HARD_CLASSES if hard else CLASSES
     out = Path(out)
     rng = np.random.default_rng(seed)
-    object_size = (img_size * 3 // 16, img_size * 5 // 16)
+    object_size = (img_size // 8 + 2, img_size // 4) if hard else (img_size * 3 // 16, img_size * 5 // 16)
     counts = {"train": train, "val": val, "test": test}
     records: dict[str, list[tuple[np.ndarray, int]]] = {s: [] for s in SPLITS}
     boxes: dict[str, list[tuple[int, int, int, int]]] = {s: [] for s in SPLITS}
     for split in SPLITS:
-        for label, kind in enumerate(CLASSES):
+        for label, kind in enumerate(classes):
             for _ in range(counts[split]):
-                img, box = render(kind, rng, img_size, object_size, detail, background)
+                if hard:
+                    img, box = render_hard(kind, rng, img_size, object_size, detail)
+                else:
+                    img, box = render(kind, rng, img_size, object_size, detail, background)
                 records[split].append((img, label))
                 boxes[split].append(box)
     # where each object is, for analyses of where a policy put its tokens (scripts/object_misses.py)
@@ -129,7 +179,7 @@ def generate_shapes(
     if fmt == "imagefolder":
         for split, items in records.items():
             for i, (img, label) in enumerate(items):
-                name = f"{split}/{CLASSES[label]}/{split}_{i:05d}.png"
+                name = f"{split}/{classes[label]}/{split}_{i:05d}.png"
                 (out / name).parent.mkdir(parents=True, exist_ok=True)
                 Image.fromarray(img).save(out / name)
                 objects[split][name] = list(boxes[split][i])
@@ -137,7 +187,7 @@ def generate_shapes(
         import datasets
 
         features = datasets.Features(
-            {"image": datasets.Image(), "label": datasets.ClassLabel(names=list(CLASSES))}
+            {"image": datasets.Image(), "label": datasets.ClassLabel(names=list(classes))}
         )
         parts = {
             ("validation" if split == "val" else split): datasets.Dataset.from_dict(
@@ -151,7 +201,7 @@ def generate_shapes(
     (out / "objects.json").write_text(json.dumps(objects) + "\n")
     meta = {
         "generator": "splitlab data shapes",
-        "classes": list(CLASSES),
+        "classes": list(classes),
         "img_size": img_size,
         "per_class": counts,
         "seed": seed,
@@ -159,5 +209,7 @@ def generate_shapes(
         "detail": detail,
         "background": background,
     }
+    if hard:  # the default set's file stays as it was
+        meta["difficulty"] = difficulty
     (out / "splitlab_dataset.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out
