@@ -51,6 +51,26 @@ def test_fine_coverage_by_hand() -> None:
     assert values["boundary_fine_coverage"].item() == pytest.approx(0.5)
 
 
+def test_thin_structure_coverage_by_hand() -> None:
+    """Thin-structure cells (any pixel of a thin class) are their own column, reported only when the
+    metric is told which classes are thin (the default twins' summaries keep their columns)."""
+    masks = torch.zeros(1, 8, 8, dtype=torch.long)  # 4x4 cells of 2 px
+    masks[0, 0, :] = 4  # a one-pixel line of thin class 4 along the top: cells (0, 0..3)
+    masks[0, 6:, 6:] = 2  # a thick object in cell (3, 3)
+    levels = Levels((4, 2))
+    tokens = [torch.zeros(1, 2, 2, 3), torch.zeros(1, 4, 4, 3)]
+    left_top = [torch.tensor([[[True, False], [False, False]]])]  # fine tokens on cells (0..1, 0..1)
+    layout = build_layout(tokens, left_top, levels)
+    metric = FineCoverage(cell=2, background=(0,), thin=(4,))
+    metric.update(layout, masks)
+    values = metric.compute()
+    assert values["thin_fine_coverage"].item() == pytest.approx(2 / 4)
+    assert values["object_fine_coverage"].item() == pytest.approx(2 / 5)
+    plain = FineCoverage(cell=2, background=(0,))
+    plain.update(layout, masks)
+    assert "thin_fine_coverage" not in plain.compute()
+
+
 def test_object_coverage_of_detection_boxes_and_masks_by_hand() -> None:
     from splitlab.metrics import instance_label_map
 

@@ -7,6 +7,7 @@ coverage of objects can be measured beside the mAP (`detection_metrics`).
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from typing import Any
 
 from torch import Tensor
@@ -21,14 +22,15 @@ def map_backend() -> str:
     return "faster_coco_eval" if importlib.util.find_spec("faster_coco_eval") else "pycocotools"
 
 
-def detection_metrics(cell: int | None = None) -> MetricCollection:
+def detection_metrics(cell: int | None = None, thin: Sequence[int] = ()) -> MetricCollection:
     """COCO box mAP (map, map_50, map_75, ...) with torchmetrics, in the original images' pixels;
-    with ``cell`` (the finest patch size) also the fine-token coverage of objects and their edges."""
+    with ``cell`` (the finest patch size) also the fine-token coverage of objects and their edges
+    (and of the ``thin`` labels' objects, where given)."""
     metrics: dict[str, Any] = {
         "map": MeanAveragePrecision(iou_type="bbox", box_format="xyxy", backend=map_backend())
     }
     if cell is not None:
-        metrics["coverage"] = FineCoverage(cell, ignore_index=-1, background=(0,))
+        metrics["coverage"] = FineCoverage(cell, ignore_index=-1, background=(0,), thin=thin)
     return MetricCollection(metrics, compute_groups=False)
 
 

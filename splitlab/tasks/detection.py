@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -23,14 +24,17 @@ class DetectionLogic(TaskLogic):
     Args:
         model: the task's `SplitDetector` (or a multi-task model's detection member).
         num_classes: object categories (background excluded).
+        thin_classes: labels (1..K) of thin-structure categories (the hard twin's lines, grids and
+            rings): their objects' fine-token coverage is its own column (``thin_fine_coverage``).
     """
 
     task_name = "detection"
     metric_name = "map"
 
-    def __init__(self, model: SplitModel, num_classes: int) -> None:
+    def __init__(self, model: SplitModel, num_classes: int, thin_classes: Sequence[int]) -> None:
         super().__init__(model)
         self.num_classes = num_classes
+        self.thin_classes = tuple(thin_classes)
 
     def check_data(self, datamodule: Any, run: RunFacts) -> None:
         """Mask R-CNN learns from instance masks, which the data must load."""
@@ -61,7 +65,11 @@ class DetectionLogic(TaskLogic):
         return self.head.per_image_loss(outputs, instances, seeds, reference=inputs.reference)
 
     def build_metrics(self) -> MetricCollection:
-        return detection_metrics(self.finest)
+        return detection_metrics(self.finest, self.thin_classes)
+
+    def summary_columns(self) -> list[str]:
+        """With thin classes named (the hard twin), the object and thin coverages beside the mAP."""
+        return ["object_fine_coverage", "thin_fine_coverage"] if self.thin_classes else []
 
     def update_metrics(
         self,
@@ -120,6 +128,8 @@ class DetectionTask(DenseTask):
     Args:
         num_classes: object categories (background excluded).
         detector: the torchvision detector, its anchors and box head (`DetectorSettings`).
+        thin_classes: labels (1..K) of thin-structure categories (the hard twin's lines, grids and
+            rings): their objects' fine-token coverage is its own column (``thin_fine_coverage``).
         **kwargs: `DenseTask` arguments (``pyramid_channels``, ``pyramid_indices``) and `SplitTask`'s.
     """
 
@@ -130,6 +140,10 @@ class DetectionTask(DenseTask):
     task_groups = {"detector": DetectorSettings}
 
     def __init__(
-        self, num_classes: int = 80, detector: DetectorSettings = DetectorSettings(), **kwargs: Any
+        self,
+        num_classes: int = 80,
+        detector: DetectorSettings = DetectorSettings(),
+        thin_classes: Sequence[int] = (),
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

@@ -110,8 +110,8 @@ class PolicyEvaluation:
 
     def summary_columns(self) -> list[str]:
         """Further metrics the summary table shows beside ``metric_name`` (a multi-task run: each
-        task's own); none by default."""
-        return []
+        task's own)."""
+        return self.logic.summary_columns()
 
     def finish_outputs(self, outputs: Any, targets: Any) -> Any:
         """Inference work after the task head that belongs in images/s (VQA: the language model

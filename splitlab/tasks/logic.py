@@ -124,6 +124,11 @@ class TaskLogic:
             row.pop("labelled_pixels", None)
         return results
 
+    def summary_columns(self) -> list[str]:
+        """Further metrics the summary table shows beside `metric_name` (the hard twins' coverages);
+        none by default."""
+        return []
+
     def describe_prediction(self, outputs: Any, index: int, target: Any = None) -> Any:
         """A JSON-friendly summary of one image's prediction (``target``: its batch entry, if any)."""
         return None

@@ -18,6 +18,8 @@ from splitlab.tasks.dense import DenseTask
 from splitlab.tasks.logic import LossInputs, RunFacts, TaskLogic
 from splitlab.tokenizer import TokenLayout
 
+COVERAGE_COLUMNS = ("object_fine_coverage", "boundary_fine_coverage", "thin_fine_coverage")
+
 
 class SegmentationLogic(TaskLogic):
     """Segmentation's own code: each image's mean pixel cross-entropy, mIoU, pixel accuracy and
@@ -29,6 +31,8 @@ class SegmentationLogic(TaskLogic):
         ignore_index: unlabelled pixels (padding too): neither trained nor scored.
         aux_weight: weight of the auxiliary head's loss.
         background_classes: classes that are not objects, for the fine-coverage metric.
+        thin_classes: classes that are thin structures (poles, wires; the hard twin's lines, grids and
+            rings): their cells' fine-token coverage is its own column (``thin_fine_coverage``).
     """
 
     task_name = "segmentation"
@@ -41,13 +45,15 @@ class SegmentationLogic(TaskLogic):
         ignore_index: int,
         aux_weight: float,
         background_classes: Sequence[int],
+        thin_classes: Sequence[int],
     ) -> None:
-        outside = [c for c in background_classes if not 0 <= c < num_classes]
-        if outside:
-            raise ValueError(f"background_classes {outside} are not classes of num_classes={num_classes}")
+        for name, classes in (("background_classes", background_classes), ("thin_classes", thin_classes)):
+            outside = [c for c in classes if not 0 <= c < num_classes]
+            if outside:
+                raise ValueError(f"{name} {outside} are not classes of num_classes={num_classes}")
         super().__init__(model)
         self.num_classes, self.ignore_index, self.aux_weight = num_classes, ignore_index, aux_weight
-        self.background_classes = background_classes
+        self.background_classes, self.thin_classes = background_classes, tuple(thin_classes)
 
     def check_data(self, datamodule: Any, run: RunFacts) -> None:
         """One ``ignore_index`` for data and model (else padding and unlabelled pixels are trained and
@@ -82,7 +88,7 @@ class SegmentationLogic(TaskLogic):
             {
                 "miou": MulticlassJaccardIndex(classes, ignore_index=ignore, average="macro"),
                 "pixel_accuracy": MulticlassAccuracy(classes, ignore_index=ignore, average="micro"),
-                "coverage": FineCoverage(self.finest, ignore, self.background_classes),
+                "coverage": FineCoverage(self.finest, ignore, self.background_classes, self.thin_classes),
             },
             compute_groups=False,
         )
@@ -110,7 +116,7 @@ class SegmentationLogic(TaskLogic):
         """Masks without a labelled pixel define no mIoU, accuracy or coverage: null, said once."""
         empty = [policy for policy, row in results.items() if row.get("labelled_pixels", 1.0) == 0]
         for policy in empty:
-            for key in ("miou", "pixel_accuracy", "object_fine_coverage", "boundary_fine_coverage"):
+            for key in ("miou", "pixel_accuracy", *COVERAGE_COLUMNS):
                 results[policy][key] = float("nan")
         if empty:
             rank_zero_warn(
@@ -118,6 +124,10 @@ class SegmentationLogic(TaskLogic):
                 "mIoU, pixel accuracy and fine-token coverage are not defined and are reported as null"
             )
         return super().finish_results(results)
+
+    def summary_columns(self) -> list[str]:
+        """With thin classes named (the hard twin), the three coverages beside the mIoU."""
+        return list(COVERAGE_COLUMNS) if self.thin_classes else []
 
     def describe_prediction(
         self, outputs: dict[str, Tensor], index: int, target: Any = None
@@ -141,6 +151,7 @@ class SegmentationTask(DenseTask):
         aux_weight: weight of the auxiliary loss.
         ignore_index: unlabelled pixels.
         background_classes: classes that are not objects, for the fine-coverage metric.
+        thin_classes: classes that are thin structures, for the thin-structure coverage column.
         **kwargs: `DenseTask` arguments (``pyramid_channels``, ``pyramid_indices``) and `SplitTask`'s.
     """
 
@@ -157,6 +168,7 @@ class SegmentationTask(DenseTask):
         aux_weight: float = 0.4,
         ignore_index: int = 255,
         background_classes: Sequence[int] = (),
+        thin_classes: Sequence[int] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
