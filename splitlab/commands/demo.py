@@ -47,6 +47,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="VQA: which generated scenes (splitlab.data.generators.vqa_scenes.SCENES; docs/vqa.md)",
     )
     demo.add_argument(
+        "--difficulty",
+        choices=("default", "hard"),
+        default="default",
+        help="the twin's scenes: default, or hard (many objects, thin structures, natural textures; "
+        f"tasks {', '.join(sorted(HARD_TWINS))}: configs/ci/*_hard.yaml, docs/hard_twins.md)",
+    )
+    demo.add_argument(
         "--reuse",
         default=None,
         help="take data and dense backbone from this earlier demo run (like for like)",
@@ -62,7 +69,15 @@ PIPELINES = {
     # one backbone and policy, both dense twins' heads and data (docs/reuse.md)
     "coco+ade20k": ("coco_ade20k.yaml", "coco_ade20k.yaml", "pretrain_multitask.yaml"),
 }
-MULTITASK = {"coco+ade20k": ("coco", "ade20k")}  # a multi-task twin's tasks: each its own twin's data
+MULTITASK = {"coco+ade20k": ("coco", "ade20k")}
+# a twin's hard twin: the configs/ci/ overlay on top of the twin, read by both stages, and HARD_DENSE
+# after the dense stage's config (docs/hard_twins.md)
+HARD_DENSE = "pretrain_hard.yaml"
+HARD_TWINS = {
+    "classification": "classification_hard.yaml",
+    "coco": "coco_hard.yaml",
+    "ade20k": "ade20k_hard.yaml",
+}  # a multi-task twin's tasks: each its own twin's data
 
 
 # VQA scenes (splitlab.data.generators.vqa_scenes.SCENES) that the twin's training does not learn: configs/ci/
@@ -83,27 +98,53 @@ def scenes_configs(scenes: str) -> tuple[list[str], list[str]]:
     )
 
 
-def ci_recipe(task: str = "classification") -> list[str]:
-    """``--config`` arguments of a recipe and its CI twin (paths inside this checkout)."""
+def ci_recipe(task: str = "classification", difficulty: str = "default") -> list[str]:
+    """``--config`` arguments of a recipe and its CI twin (paths inside this checkout), and of the
+    twin's hard overlay with ``difficulty="hard"``."""
     recipe, twin, _ = PIPELINES[task]
-    paths = (REPO / "tasks" / recipe, REPO / "configs" / "ci" / twin)
+    paths = [REPO / "tasks" / recipe, REPO / "configs" / "ci" / twin]
+    if difficulty != "default":
+        check_difficulty(task, difficulty)
+        paths.append(REPO / "configs" / "ci" / HARD_TWINS[task])
     for path in paths:
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: run the demo from a splitlab checkout")
-    return ["--config", str(paths[0]), "--config", str(paths[1])]
+    return [a for path in paths for a in ("--config", str(path))]
 
 
-def generate_for(task: str, out: Path, seed: int, background: str = "busy", scenes: str = "twin") -> None:
-    """The generated dataset a CI twin reads (for VQA, the ``scenes`` configuration of `SCENES`)."""
+def check_difficulty(task: str, difficulty: str) -> None:
+    """Hard scenes exist for the twins of `HARD_TWINS` only."""
+    if difficulty not in ("default", "hard"):
+        raise ValueError(f"difficulty={difficulty!r}: expected default or hard")
+    if difficulty == "hard" and task not in HARD_TWINS:
+        raise ValueError(
+            f"--difficulty hard: no hard twin of --task {task} (only {', '.join(sorted(HARD_TWINS))})"
+        )
+
+
+def generate_for(
+    task: str,
+    out: Path,
+    seed: int,
+    background: str = "busy",
+    scenes: str = "twin",
+    difficulty: str = "default",
+) -> None:
+    """The generated dataset a CI twin reads (for VQA, the ``scenes`` configuration of `SCENES`; with
+    ``difficulty="hard"`` the hard twin's scenes, 300 training and 80 validation images per class
+    for classification)."""
     from splitlab.data import generate_ade20k, generate_coco, generate_shapes
 
+    hard = {"difficulty": difficulty} if difficulty != "default" else {}
     if task in MULTITASK:  # each task's data as its own twin generates it, in a folder of its name
         for part in MULTITASK[task]:
             generate_for(part, out / part, seed)
+    elif task == "classification" and hard:
+        generate_shapes(out, train=300, val=80, test=80, seed=seed, **hard)
     elif task == "classification":
         generate_shapes(out, seed=seed, background=background)
     elif task == "coco":
-        generate_coco(out, train=300, val=80, seed=seed)
+        generate_coco(out, train=300, val=80, seed=seed, **hard)
     elif task == "vqa":
         from splitlab.data import generate_vqa
         from splitlab.data.generators.vqa_scenes import SCENES
@@ -112,8 +153,8 @@ def generate_for(task: str, out: Path, seed: int, background: str = "busy", scen
             raise ValueError(f"scenes={scenes!r}: expected one of {', '.join(SCENES)}")
         generate_vqa(out, seed=seed, **SCENES[scenes])
     else:
-        generate_ade20k(out, train=300, val=80, seed=seed)
-    made = {"task": task, "seed": seed, "background": background}
+        generate_ade20k(out, train=300, val=80, seed=seed, **hard)
+    made = {"task": task, "seed": seed, "background": background, **hard}
     if task == "vqa":
         made["scenes"] = scenes
     (out / ".complete").write_text(json.dumps(made))
@@ -138,6 +179,8 @@ def check_reused(data: Path, wanted: dict[str, Any], flag: str) -> None:
     silently run the demo asked for on the wrong data."""
     text = (data / ".complete").read_text().strip()
     made = json.loads(text) if text else {}  # older runs recorded nothing
+    if made:  # data made before --difficulty was the default's
+        made.setdefault("difficulty", "default")
     differ = {k: (made[k], v) for k, v in wanted.items() if k in made and made[k] != v}
     if differ:
         was = ", ".join(f"--{k} {a}" for k, (a, _) in differ.items())
@@ -210,19 +253,22 @@ def run_pipeline(
     background: str = "busy",
     reuse: str | Path | None = None,
     scenes: str = "twin",
+    difficulty: str = "default",
 ) -> dict:
     """Generated data -> dense backbone -> warm start + PPO, all through the LightningCLI.
 
     Returns the run's summary record (also in ``<out>/summary.json``). Finished steps (data, the
     dense backbone) are reused when ``out`` already holds them, or taken from the run ``reuse``
     (so that SPLIT and APT start from the same data and backbone). ``scenes`` picks the VQA data
-    (`splitlab.data.generators.vqa_scenes.SCENES`).
+    (`splitlab.data.generators.vqa_scenes.SCENES`), ``difficulty`` the twin (``hard``: the hard twin,
+    its data and its `HARD_TWINS` overlay).
     """
     if task not in PIPELINES:
         raise ValueError(f"task={task!r}: expected one of {sorted(PIPELINES)}")
+    check_difficulty(task, difficulty)
     out = Path(out)
     source = Path(reuse) if reuse is not None else out
-    data = prepare_data(out, source, reuse, task, seed, policy, background, scenes)
+    data = prepare_data(out, source, reuse, task, seed, policy, background, scenes, difficulty)
     extra = [*policy_args(policy), *extra]
     # overrides follow every --config, so the dense stage's config cannot reset them
     overrides = [
@@ -236,13 +282,13 @@ def run_pipeline(
     if quiet:
         overrides += ["--trainer.enable_progress_bar=false"]
     both = scenes_configs(scenes)[0] if task == "vqa" else []
-    pretrain = dense_backbone(source, reuse, task, scenes, overrides, extra)
+    pretrain = dense_backbone(source, reuse, task, scenes, overrides, extra, difficulty)
     clear(out, FIT_OUTPUTS)  # this demo's earlier SPLIT stage, if any: the new one replaces it
     version = "--trainer.logger.init_args.version="
     fit(
         [
             "fit",
-            *ci_recipe(task),
+            *ci_recipe(task, difficulty),
             *both,
             *overrides,
             version,
@@ -272,6 +318,7 @@ def prepare_data(
     policy: str,
     background: str,
     scenes: str,
+    difficulty: str = "default",
 ) -> Path:
     """The demo's data folder: generated in ``out``, or found finished in ``source`` (``reuse``'s run,
     or an earlier demo in ``out``) and checked to have been made for these settings; ``out`` is
@@ -282,13 +329,16 @@ def prepare_data(
         raise FileNotFoundError(f"--reuse {reuse}: no finished demo run there (no data/.complete)")
     # the background shapes the classification data only, the scenes the VQA data only
     shaped = {"classification": {"background": background}, "vqa": {"scenes": scenes}}.get(task, {})
+    shaped["difficulty"] = difficulty
     if not made and reuse is not None:  # the comparison: that run's data and backbone, another policy or seed
-        check_reused(data, {"task": task, **({"scenes": scenes} if task == "vqa" else {})}, "--reuse")
+        vqa = {"scenes": scenes} if task == "vqa" else {}
+        check_reused(data, {"task": task, "difficulty": difficulty, **vqa}, "--reuse")
     elif not made:
         check_reused(data, {"task": task, "seed": seed, **shaped}, "--out")
-    claim_out(out, {"task": task, "seed": seed, "background": background, "policy": policy})
+    hard = {"difficulty": difficulty} if difficulty != "default" else {}
+    claim_out(out, {"task": task, "seed": seed, "background": background, "policy": policy, **hard})
     if made:
-        generate_for(task, data, seed, background, scenes)
+        generate_for(task, data, seed, background, scenes, difficulty)
     return data
 
 
@@ -299,6 +349,7 @@ def dense_backbone(
     scenes: str,
     overrides: Sequence[str],
     extra: Sequence[str],
+    difficulty: str = "default",
 ) -> Path:
     """The dense stage's checkpoint: ``source``'s finished one, or trained now (from the start, an
     unfinished one's files cleared) with the demo's ``overrides`` and ``extra`` after the dense configs."""
@@ -312,7 +363,10 @@ def dense_backbone(
     both, dense_only = scenes_configs(scenes) if task == "vqa" else ([], [])
     dense = REPO / "configs" / "ci" / PIPELINES[task][2]
     version = "--trainer.logger.init_args.version=pretrain"
-    fit(["fit", *ci_recipe(task), *both, "--config", str(dense), *dense_only, *overrides, version, *extra])
+    recipe = ci_recipe(task, difficulty)
+    if difficulty == "hard":
+        dense_only = [*dense_only, "--config", str(REPO / "configs" / "ci" / HARD_DENSE)]
+    fit(["fit", *recipe, *both, "--config", str(dense), *dense_only, *overrides, version, *extra])
     finished.parent.mkdir(parents=True, exist_ok=True)
     finished.write_text("")
     return pretrain
@@ -337,6 +391,7 @@ def main(args: argparse.Namespace) -> int:
         background=args.background,
         reuse=args.reuse,
         scenes=args.scenes,
+        difficulty=args.difficulty,
     )
     print("\n" + format_table(record))
     print(f"\nsummary: {Path(args.out) / 'summary.json'}   token maps: {Path(args.out) / 'token_maps'}")
