@@ -69,7 +69,7 @@ PIPELINES = {
     # one backbone and policy, both dense twins' heads and data (docs/reuse.md)
     "coco+ade20k": ("coco_ade20k.yaml", "coco_ade20k.yaml", "pretrain_multitask.yaml"),
 }
-MULTITASK = {"coco+ade20k": ("coco", "ade20k")}
+MULTITASK = {"coco+ade20k": ("coco", "ade20k")}  # a multi-task twin's tasks: each its own twin's data
 # a twin's hard twin: the configs/ci/ overlay on top of the twin, read by both stages, and HARD_DENSE
 # after the dense stage's config (docs/hard_twins.md)
 HARD_DENSE = "pretrain_hard.yaml"
@@ -77,7 +77,7 @@ HARD_TWINS = {
     "classification": "classification_hard.yaml",
     "coco": "coco_hard.yaml",
     "ade20k": "ade20k_hard.yaml",
-}  # a multi-task twin's tasks: each its own twin's data
+}
 
 
 # VQA scenes (splitlab.data.generators.vqa_scenes.SCENES) that the twin's training does not learn: configs/ci/
