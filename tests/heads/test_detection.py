@@ -87,7 +87,9 @@ def test_boxes_are_decoded_in_float32_under_bf16_autocast(head) -> None:
 def test_detector_settings_are_checked_and_read_from_a_mapping() -> None:
     from splitlab.heads import DetectorSettings
 
-    with pytest.raises(ValueError, match=r"detector.name='retinanet': expected one of \['faster_rcnn', 'mask_rcnn'\]"):
+    with pytest.raises(
+        ValueError, match=r"detector.name='retinanet': expected one of \['faster_rcnn', 'mask_rcnn'\]"
+    ):
         DetectorSettings(name="retinanet")
     settings = DetectorSettings(anchor_sizes=[8, 16], aspect_ratios=[1], torchvision_kwargs=None)
     assert settings.anchor_sizes == (8, 16) and settings.aspect_ratios == (1.0,)
