@@ -12,6 +12,7 @@ generated shapes -> dense tiny backbone -> warm start -> PPO -> evaluation in th
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -173,10 +174,9 @@ def test_regression_across_seeds(tmp_path, seed, measured) -> None:
     check(run_pipeline(tmp_path / f"seed{seed}", seed=seed, quiet=True), seed, measured)
 
 
-NO_ANNOTATIONS = (
-    "--data.init_args.objects=null",
-    "--model.init_args.warm_start.label_source=embedding",
-    "--model.init_args.evaluation.eval_baselines=[uniform,random,entropy]",
+UNANNOTATED = (
+    "--config",
+    str(Path(__file__).parents[2] / "configs" / "ci" / "classification_unannotated.yaml"),
 )
 
 
@@ -185,17 +185,20 @@ NO_ANNOTATIONS = (
 def test_without_annotations_the_unanchored_policy_keeps_the_uniform_grids_top1(
     tmp_path, seed, measured
 ) -> None:
-    """The twin as ImageNet trains (no objects.json, embedding-difference labels, PPO unanchored by
-    default): a regression guard at what it measured (docs/oracle.md, "Without annotations": within
-    0.003-0.013 of uniform at 0.5, 0.035-0.060 at 0.3, 0.24-0.27 above random), not issue 49's bar."""
-    record = run_pipeline(tmp_path / "run", seed=seed, quiet=True, extra=list(NO_ANNOTATIONS))
+    """The twin as ImageNet trains (configs/ci/classification_unannotated.yaml: no objects.json,
+    embedding-difference labels, the backbone's warm start on the policy's samples, PPO unanchored with
+    8 rollouts per image), at issue 49's bars where they held on every seed (docs/oracle.md, "Without
+    annotations": within 0.002-0.008 of uniform at 0.5, 0.020-0.037 at 0.3); above random by 0.2, where
+    the bar asks 0.25 and random's own draw moves by +-0.02 (0.242 on seed 1)."""
+    record = run_pipeline(tmp_path / "run", seed=seed, quiet=True, extra=list(UNANNOTATED))
     p = record["policies"]
     uniform = p["uniform"]["metric"]
     measured(
         f"no annotations, seed {seed}: learned {p['learned']['metric']:.3f} @0.5, {p['learned@0.3']['metric']:.3f} "
         f"@0.3, random {p['random']['metric']:.3f}, uniform {uniform:.3f}"
     )
+    assert "oracle" not in p
     assert abs(p["learned"]["token_fraction_mean"] - 0.5) <= 0.03
     assert p["learned"]["metric"] >= uniform - 0.02
-    assert p["learned@0.3"]["metric"] >= uniform - 0.07
+    assert p["learned@0.3"]["metric"] >= uniform - 0.05
     assert p["learned"]["metric"] >= p["random"]["metric"] + 0.2

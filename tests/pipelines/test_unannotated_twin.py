@@ -1,0 +1,48 @@
+"""The classification twin without annotations (configs/ci/classification_unannotated.yaml): what ImageNet
+trains with, on the twin; the annotated twin keeps its own settings (make demo unchanged)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).parents[2]
+CONFIGS = REPO / "configs" / "ci"
+
+
+def composed(tmp_path: Path, *configs: Path) -> dict:
+    """The config the LightningCLI builds from ``configs`` in turn (``--print_config``)."""
+    from splitlab.cli import lightning_main
+
+    out = tmp_path / "config.yaml"
+    args = ["fit", *(a for c in configs for a in ("--config", str(c))), "--print_config"]
+    with open(out, "w") as f, contextlib.redirect_stdout(f), pytest.raises(SystemExit):
+        lightning_main(args)
+    return yaml.safe_load(out.read_text())
+
+
+def test_the_overlay_trains_as_the_recipe_does_without_boxes(tmp_path) -> None:
+    recipe = REPO / "tasks" / "imagenet.yaml"
+    twin = composed(tmp_path, recipe, CONFIGS / "classification.yaml")
+    bare = composed(
+        tmp_path, recipe, CONFIGS / "classification.yaml", CONFIGS / "classification_unannotated.yaml"
+    )
+    alone = composed(tmp_path, recipe)["model"]["init_args"]
+    model, data = bare["model"]["init_args"], bare["data"]["init_args"]
+    assert data["objects"] is None and twin["data"]["init_args"]["objects"] == "objects.json"
+    assert model["warm_start"]["label_source"] == alone["warm_start"]["label_source"] == "embedding"
+    assert twin["model"]["init_args"]["warm_start"]["label_source"] == "annotations"
+    assert model["ppo"]["samples"] == alone["ppo"]["samples"] == 8
+    assert model["warm_start"]["teacher_forcing"] == alone["warm_start"]["teacher_forcing"] == 0.0
+    assert twin["model"]["init_args"]["ppo"]["samples"] == 4
+    assert twin["model"]["init_args"]["warm_start"]["teacher_forcing"] == 0.5
+    assert model["ppo"]["imitation"] is None  # resolved to 0 by the label source (SplitTask.anchor_weight)
+    assert "oracle" not in model["evaluation"]["eval_baselines"]
+    # everything else is the twin's: the overlay changes only what the missing boxes change
+    for key in ("tokenizer", "budget", "budget_range", "optim", "controller", "backbone_kwargs"):
+        assert model[key] == twin["model"]["init_args"][key], key
+    assert model["evaluation"]["eval_budgets"] == twin["model"]["init_args"]["evaluation"]["eval_budgets"]
+    assert bare["trainer"] == twin["trainer"]
