@@ -45,4 +45,20 @@ def test_the_overlay_trains_as_the_recipe_does_without_boxes(tmp_path) -> None:
     for key in ("tokenizer", "budget", "budget_range", "optim", "controller", "backbone_kwargs"):
         assert model[key] == twin["model"]["init_args"][key], key
     assert model["evaluation"]["eval_budgets"] == twin["model"]["init_args"]["evaluation"]["eval_budgets"]
-    assert bare["trainer"] == twin["trainer"]
+    # and the PPO stage doubled (the twin's 150 steps are short for learning from the task loss alone)
+    schedule = [
+        c["init_args"] for c in bare["trainer"]["callbacks"] if c["class_path"].endswith("SplitSchedule")
+    ]
+    twin_schedule = [
+        c["init_args"] for c in twin["trainer"]["callbacks"] if c["class_path"].endswith("SplitSchedule")
+    ]
+    assert schedule[0]["rl_epochs"] == 2 * twin_schedule[0]["rl_epochs"] == 4
+    assert schedule[0]["warm_start_epochs"] == twin_schedule[0]["warm_start_epochs"]
+    assert bare["trainer"]["max_epochs"] == twin["trainer"]["max_epochs"] + 2
+    assert [c["class_path"] for c in bare["trainer"]["callbacks"]] == [
+        c["class_path"] for c in twin["trainer"]["callbacks"]
+    ]
+    rest = ("callbacks", "max_epochs")
+    assert {k: v for k, v in bare["trainer"].items() if k not in rest} == {
+        k: v for k, v in twin["trainer"].items() if k not in rest
+    }
