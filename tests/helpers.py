@@ -28,6 +28,20 @@ def twin_configs(task: str = "classification") -> list[str]:
     return ["--config", str(REPO / "tasks" / recipe), "--config", str(REPO / "configs" / "ci" / twin)]
 
 
+def composed_config(out: Path, *configs: str | Path) -> dict:
+    """The config the LightningCLI builds from ``configs`` in turn (``fit --print_config``), as written
+    to ``out`` and read back."""
+    import contextlib
+
+    import pytest
+    import yaml
+
+    args = ["fit", *(a for c in configs for a in ("--config", str(c))), "--print_config"]
+    with open(out, "w") as f, contextlib.redirect_stdout(f), pytest.raises(SystemExit):
+        lightning_main(args)
+    return yaml.safe_load(Path(out).read_text())
+
+
 def tiny_args(root, log_dir, *extra: str) -> list[str]:
     """CLI arguments of the CI classification twin (a budget-conditioned policy for 0.3-0.7 deployed at
     0.5), shrunk further for unit tests and evaluated at its target only."""

@@ -33,18 +33,13 @@ def test_every_recipe_states_the_image_size_and_classes_once(path: Path) -> None
 def test_the_siglip_tower_overrides_the_vqa_recipe(tmp_path) -> None:
     """configs/towers/siglip_so400m.yaml over tasks/vqav2.yaml: LLaVA-OneVision's tower, LM and
     normalisation, the rest the recipe's (checked by the composed config, nothing downloaded)."""
-    import contextlib
+    from tests.helpers import composed_config
 
-    out = tmp_path / "composed.yaml"
-    configs = [
-        "--config",
-        str(REPO / "tasks" / "vqav2.yaml"),
-        "--config",
-        str(REPO / "configs" / "towers" / "siglip_so400m.yaml"),
-    ]
-    with open(out, "w") as f, contextlib.redirect_stdout(f), pytest.raises(SystemExit):
-        lightning_main(["fit", *configs, "--print_config"])
-    composed = yaml.safe_load(out.read_text())
+    composed = composed_config(
+        tmp_path / "composed.yaml",
+        REPO / "tasks" / "vqav2.yaml",
+        REPO / "configs" / "towers" / "siglip_so400m.yaml",
+    )
     model, data = composed["model"]["init_args"], composed["data"]["init_args"]
     assert model["backbone"] == "vit_so400m_patch14_siglip_384.webli" and "onevision" in model["lm"]
     assert model["tokenizer"]["levels"] == [56, 28, 14] and model["feature_block"] == -2

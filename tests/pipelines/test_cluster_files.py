@@ -131,16 +131,12 @@ def test_trainer_config_requeues_and_checkpoints() -> None:
 @pytest.mark.parametrize("extra", [[], ["fsdp.yaml"]], ids=["ddp", "fsdp"])
 def test_slurm_config_composes_with_every_recipe(tmp_path, extra) -> None:
     """The README's cluster commands: every recipe, then slurm.yaml (and fsdp.yaml for the large backbones)."""
-    from splitlab.cli import lightning_main
+    from tests.helpers import composed_config
 
     for recipe in sorted((REPO / "tasks").glob("*.yaml")):
-        out = tmp_path / f"{recipe.stem}.yaml"
         configs = [recipe, REPO / "configs" / "trainer" / "slurm.yaml"]
         configs += [REPO / "configs" / "trainer" / name for name in extra]
-        args = ["fit", *(a for c in configs for a in ("--config", str(c))), "--print_config"]
-        with open(out, "w") as f, __import__("contextlib").redirect_stdout(f), pytest.raises(SystemExit):
-            lightning_main(args)
-        trainer = yaml.safe_load(out.read_text())["trainer"]
+        trainer = composed_config(tmp_path / f"{recipe.stem}.yaml", *configs)["trainer"]
         callbacks = [c["class_path"] for c in trainer["callbacks"]]
         assert (
             "splitlab.callbacks.SplitSchedule" in callbacks and "splitlab.callbacks.SlurmRequeue" in callbacks

@@ -3,25 +3,21 @@ trains with, on the twin; the annotated twin keeps its own settings (make demo u
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
-import pytest
-import yaml
+from tests.helpers import REPO, composed_config
 
-REPO = Path(__file__).parents[2]
 CONFIGS = REPO / "configs" / "ci"
 
 
 def composed(tmp_path: Path, *configs: Path) -> dict:
-    """The config the LightningCLI builds from ``configs`` in turn (``--print_config``)."""
-    from splitlab.cli import lightning_main
+    return composed_config(tmp_path / "config.yaml", *configs)
 
-    out = tmp_path / "config.yaml"
-    args = ["fit", *(a for c in configs for a in ("--config", str(c))), "--print_config"]
-    with open(out, "w") as f, contextlib.redirect_stdout(f), pytest.raises(SystemExit):
-        lightning_main(args)
-    return yaml.safe_load(out.read_text())
+
+def schedule(config: dict) -> dict:
+    """The SplitSchedule callback's settings in a composed config."""
+    (found,) = [c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("SplitSchedule")]
+    return found["init_args"]
 
 
 def test_the_overlay_trains_as_the_recipe_does_without_boxes(tmp_path) -> None:
@@ -46,14 +42,8 @@ def test_the_overlay_trains_as_the_recipe_does_without_boxes(tmp_path) -> None:
         assert model[key] == twin["model"]["init_args"][key], key
     assert model["evaluation"]["eval_budgets"] == twin["model"]["init_args"]["evaluation"]["eval_budgets"]
     # and the PPO stage doubled (the twin's 150 steps are short for learning from the task loss alone)
-    schedule = [
-        c["init_args"] for c in bare["trainer"]["callbacks"] if c["class_path"].endswith("SplitSchedule")
-    ]
-    twin_schedule = [
-        c["init_args"] for c in twin["trainer"]["callbacks"] if c["class_path"].endswith("SplitSchedule")
-    ]
-    assert schedule[0]["rl_epochs"] == 2 * twin_schedule[0]["rl_epochs"] == 4
-    assert schedule[0]["warm_start_epochs"] == twin_schedule[0]["warm_start_epochs"]
+    assert schedule(bare)["rl_epochs"] == 2 * schedule(twin)["rl_epochs"] == 4
+    assert schedule(bare)["warm_start_epochs"] == schedule(twin)["warm_start_epochs"]
     assert bare["trainer"]["max_epochs"] == twin["trainer"]["max_epochs"] + 2
     assert [c["class_path"] for c in bare["trainer"]["callbacks"]] == [
         c["class_path"] for c in twin["trainer"]["callbacks"]
