@@ -254,6 +254,7 @@ def run_pipeline(
     reuse: str | Path | None = None,
     scenes: str = "twin",
     difficulty: str = "default",
+    split_only: Sequence[str] = (),
 ) -> dict:
     """Generated data -> dense backbone -> warm start + PPO, all through the LightningCLI.
 
@@ -261,7 +262,10 @@ def run_pipeline(
     dense backbone) are reused when ``out`` already holds them, or taken from the run ``reuse``
     (so that SPLIT and APT start from the same data and backbone). ``scenes`` picks the VQA data
     (`splitlab.data.generators.vqa_scenes.SCENES`), ``difficulty`` the twin (``hard``: the hard twin,
-    its data and its `HARD_TWINS` overlay).
+    its data and its `HARD_TWINS` overlay). ``extra`` reaches both stages; ``split_only`` (after it)
+    the SPLIT stage alone: an overlay that restates the stage schedule (``trainer.callbacks``,
+    ``max_epochs``, as configs/ci/classification_unannotated.yaml does) would otherwise replace the
+    dense stage's, and the backbone would not be trained as the twin's.
     """
     if task not in PIPELINES:
         raise ValueError(f"task={task!r}: expected one of {sorted(PIPELINES)}")
@@ -294,6 +298,7 @@ def run_pipeline(
             version,
             f"--model.init_args.init_checkpoint={pretrain}",
             *extra,
+            *split_only,
         ]
     )
     return json.loads((out / "summary.json").read_text())

@@ -46,7 +46,9 @@ def test_hard_is_refused_where_there_is_no_hard_twin(tmp_path: Path) -> None:
     [
         pytest.param(
             task,
-            marks=pytest.mark.xfail(reason="seed 0: the oracle keeps 0.943 of uniform (docs/hard_twins.md)")
+            marks=pytest.mark.xfail(
+                reason="seed 0: the oracle keeps 0.93-0.94 of uniform (docs/hard_twins.md)"
+            )
             if task == "coco"
             else (),
         )
@@ -61,3 +63,39 @@ def test_the_hard_twin_tells_policies_apart(task: str, tmp_path: Path) -> None:
     uniform = policies["uniform"]["metric"]
     assert policies["oracle"]["metric"] >= 0.95 * uniform
     assert policies["random"]["metric"] < 0.7 * uniform
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("task", "seed"),
+    [
+        *(("ade20k", seed) for seed in (0, 1, 2)),
+        ("coco", 0),
+        ("coco", 1),
+        pytest.param(
+            "coco",
+            2,
+            marks=pytest.mark.xfail(
+                reason="the oracle itself kept 0.921 of uniform on 2026-12-06 (0.976 the day before): "
+                "at 0.45 the scenes' annotated cells do not all fit (docs/hard_twins.md)"
+            ),
+        ),
+    ],
+)
+def test_the_learned_policy_keeps_the_uniform_grid_and_the_oracle_on_a_hard_dense_twin(
+    task: str, seed: int, tmp_path: Path, measured
+) -> None:
+    """Issue 49's bars at budget 0.45 on each hard dense twin: the learned policy keeps >= 0.95 of the
+    uniform grid's metric and >= 0.97 of the oracle's, and puts finest tokens on thin structures within
+    0.05 of the oracle's share (docs/hard_twins.md, "Every policy at 0.3, 0.45 and 0.6")."""
+    record = run_pipeline(tmp_path / task, seed=seed, quiet=True, task=task, difficulty="hard")
+    p = record["policies"]
+    learned, uniform, oracle = p["learned"], p["uniform"], p["oracle"]
+    measured(
+        f"hard {task}, seed {seed}: learned {learned['metric']:.3f} @{learned['token_fraction_mean']:.3f}, "
+        f"uniform {uniform['metric']:.3f}, oracle {oracle['metric']:.3f}, thin coverage "
+        f"{learned['thin_fine_coverage']:.3f} / {oracle['thin_fine_coverage']:.3f}"
+    )
+    assert learned["metric"] >= 0.95 * uniform["metric"]
+    assert learned["metric"] >= 0.97 * oracle["metric"]
+    assert learned["thin_fine_coverage"] >= oracle["thin_fine_coverage"] - 0.05
