@@ -13,7 +13,7 @@ from PIL import Image
 
 from splitlab.cli import lightning_main
 from splitlab.cli.links import INSTEAD, given_data_settings, model_input_size, refuse_linked_settings
-from tests.helpers import REPO, schedule_args, twin_configs
+from tests.helpers import REPO, composed_config, schedule_args, twin_configs
 
 RECIPES = (
     sorted((REPO / "tasks").glob("*.yaml"))
@@ -33,8 +33,6 @@ def test_every_recipe_states_the_image_size_and_classes_once(path: Path) -> None
 def test_the_siglip_tower_overrides_the_vqa_recipe(tmp_path) -> None:
     """configs/towers/siglip_so400m.yaml over tasks/vqav2.yaml: LLaVA-OneVision's tower, LM and
     normalisation, the rest the recipe's (checked by the composed config, nothing downloaded)."""
-    from tests.helpers import composed_config
-
     composed = composed_config(
         tmp_path / "composed.yaml",
         REPO / "tasks" / "vqav2.yaml",
