@@ -8,7 +8,8 @@ splitlab`` stays light. The map of the package (rooms, data flow, import rules):
 from collections.abc import Sequence
 from typing import Any
 
-__version__ = "0.1.0"
+from splitlab.version import __version__
+
 __all__ = ["SplitModel", "__version__", "load"]
 
 

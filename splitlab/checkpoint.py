@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
 import pathlib
 import pickle
 import re
@@ -313,7 +314,31 @@ def convert_checkpoint(source: str | Path, target: str | Path) -> list[str]:
         raise FileNotFoundError(f"convert-checkpoint {str(source)!r}: no such checkpoint file")
     if target.exists():
         raise FileExistsError(f"convert-checkpoint: {str(target)!r} exists; give a new file to write")
-    checkpoint = torch.load(source, map_location="cpu", weights_only=False)  # the user trusts the file
+    folder = target.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"convert-checkpoint: {str(folder)!r}, the folder of {str(target)!r}, does not exist"
+        )
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(
+            f"convert-checkpoint: {str(folder)!r} cannot be written; give a file in a writable folder"
+        )
+    try:
+        checkpoint = torch.load(source, map_location="cpu", weights_only=False)  # the user trusts the file
+    except Exception as err:  # what the readers say of the same file
+        raise UnreadableCheckpoint(
+            f"convert-checkpoint {str(source)!r} is not a readable checkpoint: {what_file(source, err)}"
+        ) from None
+    if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint or "splitlab" not in checkpoint:
+        held = (
+            f"a dict of {sorted(map(str, checkpoint))[:5]}"
+            if isinstance(checkpoint, Mapping)
+            else f"a {type(checkpoint).__qualname__}"
+        )
+        raise UnreadableCheckpoint(
+            f"convert-checkpoint {str(source)!r} holds {held}, not a splitlab task's checkpoint (its state_dict "
+            "and splitlab record): nothing to convert"
+        )
     dropped: list[str] = []
     converted = plain(checkpoint, "", dropped)
     if converted is DROPPED:
@@ -322,10 +347,10 @@ def convert_checkpoint(source: str | Path, target: str | Path) -> list[str]:
             "dict of weights and settings: nothing to convert"
         )
     partial = target.with_name(target.name + ".partial")
-    torch.save(converted, partial)
     try:
+        torch.save(converted, partial)
         read_checkpoint(partial, "convert-checkpoint")
-    except Exception:
+    except BaseException:  # a full disk, a stop: nothing partial left
         partial.unlink(missing_ok=True)
         raise
     partial.replace(target)

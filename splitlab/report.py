@@ -104,8 +104,9 @@ CURVE_POLICIES = (
     "random",
     "entropy",
     "oracle",
+    "loss_oracle",
     "uniform",
-)  # oracle: where the data has annotations
+)  # oracle: where the data has annotations; loss_oracle: where the run evaluated it
 CURVE_KEYS = ("metric", "token_fraction_mean", "token_fraction_max", "images_per_second")
 
 
@@ -208,7 +209,12 @@ def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         realised = row.get("token_fraction_mean")
         if realised is not None and abs(realised - target) > MATCHED:
             unmatched.append(run)
-    for name, label in (("oracle", "(oracle layout)"), ("uniform", "(uniform grid)")):  # the first run's
+    shown = (
+        ("oracle", "(oracle layout)"),
+        ("loss_oracle", "(loss oracle layout)"),
+        ("uniform", "(uniform grid)"),
+    )
+    for name, label in shown:  # the first run's
         row = first["policies"].get(name)
         if row is not None:
             rows.append({"run": label, "trained_policy": name, **{k: row.get(k) for k in CURVE_KEYS}})

@@ -9,6 +9,7 @@ read is refused naming the first weight that would not fit, not rebuilt wrong.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import timm
@@ -29,6 +30,15 @@ def mlp_hidden(block: nn.Module) -> int | None:
     if fc1 is None:
         return None
     return int(fc1.out_features) // 2 if isinstance(mlp, GluMlp) else int(fc1.out_features)
+
+
+# ``timm.create_model`` arguments read off a built ViT (None: the module does not say)
+STRUCTURE: dict[str, Callable[[nn.Module], Any]] = {
+    "class_token": lambda m: getattr(m, "cls_token", None) is not None if hasattr(m, "cls_token") else None,
+    "no_embed_class": lambda m: bool(m.no_embed_class) if hasattr(m, "no_embed_class") else None,
+    "reg_tokens": lambda m: int(m.num_reg_tokens) if hasattr(m, "num_reg_tokens") else None,
+    "global_pool": lambda m: getattr(m, "global_pool", None),
+}
 
 
 def architecture(vit: nn.Module) -> str:
@@ -59,13 +69,15 @@ def rebuild_kwargs(vit: nn.Module, given: dict[str, Any] | None = None) -> dict[
     }
     kwargs.update(given or {})
     built = _on_meta(name, kwargs)
-    pool = getattr(vit, "global_pool", None)
-    if (
-        pool is not None
-        and pool != getattr(built, "global_pool", pool)
-        and "global_pool" not in (given or {})
-    ):
-        kwargs["global_pool"] = pool  # it decides the head's modules too (fc_norm, an attention pool)
+    # the token layout and pooling it was built with (the pool decides the head's modules too: fc_norm,
+    # an attention pool), where they are not the architecture's
+    differ = {
+        key: read(vit)
+        for key, read in STRUCTURE.items()
+        if key not in (given or {}) and read(vit) is not None and read(vit) != read(built)
+    }
+    if differ:
+        kwargs.update(differ)
         built = _on_meta(name, kwargs)
     hidden = mlp_hidden(block)
     if hidden is not None and "mlp_ratio" not in (given or {}) and mlp_hidden(built.blocks[0]) != hidden:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from splitlab.cli.console import quiet_console
+from splitlab.cli.renamed import as_given
 
 PACKAGE = str(Path(__file__).resolve().parents[1])
 FILE_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError)
@@ -136,6 +137,8 @@ def reporting_errors(run: Callable[[], Any], argv: Sequence[str] = ()) -> Any:
                 f"({cause.strerror}); move it, "
                 "or choose another folder (trainer.logger save_dir, trainer.default_root_dir)"
             )
+        if isinstance(cause, argparse.ArgumentError):
+            message = as_given(message, argv)
         if isinstance(cause, TypeError | KeyError | RuntimeError):  # as likely a bug as a setting
             message += " (SPLITLAB_DEBUG=1 shows the traceback)"
         print(f"splitlab: error: {message}", file=sys.stderr)

@@ -75,6 +75,13 @@ def expectation(done: Calibrated) -> str:
         f"on new images of this kind expect {done.expected:.3f} ± {done.expected_error:.3f} (standard error; "
         f"each image measured under cuts fitted without it, {done.folds} folds)"
     )
+    spread = done.expected_error * done.images**0.5  # one image's standard deviation
+    size = 500
+    sample = (done.expected_error**2 + spread**2 / size) ** 0.5
+    said += (
+        f"; a new sample of {size} such images: its mean within {done.expected:.3f} ± {2 * sample:.3f} "
+        "(two standard errors: the calibration's and the sample's)"
+    )
     miss = abs(done.expected - done.budget)
     if miss > BUDGET_TOLERANCE and miss > BUDGET_ERRORS * done.expected_error:
         said += f", {miss:.3f} from the budget: calibrate on more images like these for a steadier cut"

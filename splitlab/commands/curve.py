@@ -67,11 +67,9 @@ def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> 
             f"unknown arguments {bad}: only --data.*, --model.*, --trainer.* overrides are passed on"
         )
     args.eval_budgets = _check_trained_budgets(config, args.eval_budgets)
-    baselines = ["uniform", "random", "entropy"]
-    if "oracle" in (_model_settings(config).get("evaluation") or {}).get(
-        "eval_baselines", []
-    ):  # the run's data has annotations
-        baselines.append("oracle")
+    evaluated = (_model_settings(config).get("evaluation") or {}).get("eval_baselines", [])
+    # the oracles where the run evaluated them (``oracle``: its data has annotations)
+    baselines = ["uniform", "random", "entropy", *(b for b in ("oracle", "loss_oracle") if b in evaluated)]
     out = Path(args.out) if args.out else run / "curve"
     first, *rest = args.eval_budgets
     argv = [

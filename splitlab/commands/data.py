@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from splitlab.commands.arguments import positive_int, seed_value
@@ -153,8 +155,23 @@ def main(args: argparse.Namespace) -> int:
     for key in ("square", "patterns", "objects"):  # lists from argparse, tuples for the generator
         if key in options:
             options[key] = tuple(options[key])
-    out = generate(**options)
-    print(f"wrote {written.format(**options)} to {out}")
+    target = Path(options["out"])
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise FileExistsError(
+            f"--out {target}: {'holds files already' if target.is_dir() else 'is a file'}; give a new folder "
+            "(a dataset is written whole into a folder of its own)"
+        )
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # an earlier run's, stopped half-way
+    try:  # written aside and moved in whole: a failed or stopped run leaves no partial dataset
+        generate(**{**options, "out": partial})
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if target.exists():
+        target.rmdir()
+    partial.rename(target)
+    print(f"wrote {written.format(**options)} to {target}")
     return 0
 
 

@@ -48,7 +48,9 @@ def main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.format == "hf":
         model.save_pretrained(out)
-        print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'} (splitlab.load({str(out)!r}))")
+        print(
+            f"wrote {out / 'config.json'} and {out / 'model.safetensors'} (splitlab.load({str(out)!r})): {model.holds()}"
+        )
         return 0
     from splitlab.model.export import StaticSplit, export_program, save_program
 

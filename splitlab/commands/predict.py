@@ -106,6 +106,12 @@ def output_folder(model: str, out: str | None) -> Path:
     else:
         folder = Path(out).expanduser()
         taken = [name for name in OUTPUTS if (folder / name).exists()]
+        run = (folder / "checkpoints").is_dir() or (folder / "metrics.csv").is_file()
+        if run:  # a training run's folder: its token maps and files are the training's, not a prediction's
+            raise FileExistsError(
+                f"--out {out}: a training run's folder (it holds {'checkpoints/' if (folder / 'checkpoints').is_dir() else 'metrics.csv'}); "
+                "predictions go into a folder of their own: choose another --out (default: runs/predict/<model name>)"
+            )
         if taken:
             raise FileExistsError(
                 f"--out {out}: already holds {', '.join(taken)} of an earlier prediction; choose another --out"
@@ -372,6 +378,11 @@ def main(args: argparse.Namespace) -> int:
             fractions.append(prediction.result["token_fraction"])
             extra = (prediction.image, prediction.layout_boxes) if args.token_maps else None
             outputs.add(file, prediction.result, questions[prediction.index] if questions else None, extra)
+        if not fractions:  # abandoned below: no empty results under the outputs' names
+            raise ValueError(
+                f"no image could be read among the {len(files)} file(s) given ({skipped} skipped): nothing "
+                "predicted; give image files (or folders that hold them)"
+            )
         written = outputs.close()
     except BaseException:  # Ctrl-C included: nothing under an output's own name
         outputs.abandon()
@@ -383,7 +394,7 @@ def main(args: argparse.Namespace) -> int:
     spread = f" ± {error:.3f} (standard error)" if len(fractions) > 1 else ""
     print(
         f"predicted {len(fractions)} image(s){note}: mean token fraction {mean:.3f}{spread}{budget} "
-        f"(policy {policy}); wrote {', '.join(written)} in {folder}"
+        f"({model.holds() if policy == model.policy else f'policy {policy}'}); wrote {', '.join(written)} in {folder}"
     )
     missed = budget_note(model, fractions, args.budget, args.policy)
     if missed:

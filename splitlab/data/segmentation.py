@@ -157,9 +157,12 @@ def labels(
         classes = torch.where(unlabelled, ignore_index, classes - 1)
     bad = (classes != ignore_index) & ((classes < 0) | (classes >= num_classes))
     if bad.any():
-        top = int(classes[bad].max()) + (1 if reduce_zero_label else 0)
+        largest = int(classes[bad].max())
+        top = largest + (1 if reduce_zero_label else 0)
         raise BadSample(
-            f"annotation {name}: label value {top} is above num_classes={num_classes} (data.init_args.num_classes)"
+            f"annotation {name}: label value {top} is above num_classes={num_classes}: set "
+            f"model.init_args.num_classes={largest + 1} (data.init_args.num_classes follows it) if the data's "
+            "classes are right"
         )
     return classes
 

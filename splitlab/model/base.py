@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from splitlab import __version__
 from splitlab.backbone import PackedFeatures, PackedViT
 from splitlab.backbone.families import check_family
 from splitlab.backbone.rebuild import architecture, rebuild_kwargs
@@ -33,6 +32,7 @@ from splitlab.tokenizer import (
     cap_fraction,
     entropy_scores,
 )
+from splitlab.version import __version__
 
 POLICIES = ("learned", "uniform", "entropy", "random")
 # what a task can train and deploy; ``transferred`` deploys a learned policy another run trained
@@ -59,7 +59,10 @@ COMMON: dict[str, Any] = {
     "attn_backend": "auto",
     "names": None,
     "preprocessing": None,
+    "trained": None,
+    "calibration": None,
 }
+STAGES = ("dense", "warm_start", "ppo")  # a training run's stages, in order
 
 
 class SplitModel(nn.Module, HubWeights):
@@ -142,7 +145,20 @@ class SplitModel(nn.Module, HubWeights):
         self.budget = budget
         given = cfg["preprocessing"]
         self.preprocessing = Preprocessing.from_dict(given) if given else self.default_preprocessing()
+        sides = self.preprocessing.img_size
+        sides = (sides, sides) if isinstance(sides, int) else tuple(sides)
+        if sides != tuple(size):  # a config.json edited by hand: which of the two would run is a guess
+            raise ValueError(
+                f"config preprocessing.img_size={list(sides)} contradicts backbone_kwargs.img_size={list(size)}: "
+                "the model runs at the backbone's size; make both the same"
+            )
         self.names: list[str] | None = list(cfg["names"]) if cfg["names"] else None
+        # how far training went (`holds`): ``stage`` and ``ppo_steps``; empty for a model not trained
+        # by a splitlab task (from_timm, or a file written before the record)
+        self.trained: dict[str, Any] = dict(cfg["trained"] or {})
+        # what `splitlab calibrate` last measured: ``budget``, ``images``, the held-out ``expected``
+        # fraction, its standard ``error`` and the per-image ``spread`` (`splitlab.model.calibrate`)
+        self.calibration: dict[str, Any] = dict(cfg["calibration"] or {})
 
     # ----------------------------------------------------------------------------- building
     @classmethod
@@ -311,8 +327,49 @@ class SplitModel(nn.Module, HubWeights):
             preprocessing=self.preprocessing.to_dict(),
             attn_backend=self.backbone.attn_backend,
             splitlab_version=__version__,
+            trained=dict(self.trained) or None,
+            calibration=dict(self.calibration) or None,
         )
         return cfg
+
+    @property
+    def policy_state(self) -> str:
+        """What the deployed policy is: ``learned`` (PPO trained it), ``imitation`` (a run stopped in its
+        warm start, or before its first PPO step: the decision module only imitated its labels),
+        ``uniform`` (a dense stage's model) or the trained baseline (``entropy``, ``random``); a model
+        whose training splitlab did not record (`from_timm`) says its policy."""
+        stage = self.trained.get("stage")
+        if self.policy != "learned" or stage is None:
+            return self.policy
+        if stage == "dense":
+            return "uniform"
+        return "learned" if stage == "ppo" and int(self.trained.get("ppo_steps", 1)) > 0 else "imitation"
+
+    def holds(self) -> str:
+        """One line of what this model is: its policy's state, and the budgets its cuts were set for."""
+        state = self.policy_state
+        if state == "uniform":
+            return "a dense stage's model (uniform grid: no policy trained yet)"
+        points = self.tokenizer.operating_points
+        seen = [
+            f"{b:g}" for b, n in zip(points.budgets.tolist(), points.counts.tolist(), strict=True) if n > 0
+        ]
+        cuts = f"cuts calibrated for budget {', '.join(seen)}" if seen else "cuts never calibrated"
+        if state == "imitation":
+            where = "before its first PPO step" if self.trained.get("stage") == "ppo" else "in its warm start"
+            return f"policy imitation (training stopped {where}: PPO never trained it), {cuts}"
+        if state == "learned" and self.trained:
+            return f"policy learned (PPO: {int(self.trained.get('ppo_steps', 0))} steps), {cuts}"
+        return f"policy {state}, {cuts}" if state == "learned" else f"policy {state}"
+
+    def unfinished(self) -> str | None:
+        """One line when this model's training stopped before PPO trained its policy (what to run), else None."""
+        if self.policy_state != "imitation":
+            return None
+        return (
+            f"this model holds a {self.holds()}; finish the run before deploying it: "
+            "splitlab fit --config RUN/config.yaml --ckpt_path last"
+        )
 
     def rebuilt_keys(self) -> set[str]:
         """State-dict keys the model rebuilds identically from its config (a frozen LM loaded by

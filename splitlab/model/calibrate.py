@@ -105,6 +105,17 @@ def calibrate(
         mean_and_error(held_out_fractions(model, batches, sample, budget, folds)) if folds else (None, None)
     )
     fit_sample(model, sample, budget)
+    model.calibration = (
+        {
+            "budget": budget,
+            "images": count,
+            "expected": expected,
+            "error": error,
+            "spread": error * count**0.5,
+        }
+        if folds
+        else {}
+    )
     return Calibrated(
         count, budget, before, mean_fraction(model, batches, budget), skipped, expected, error, folds
     )

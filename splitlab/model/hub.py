@@ -12,7 +12,7 @@ from typing import Any
 from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
 from torch import Tensor
 
-from splitlab import __version__
+from splitlab.version import __version__
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"

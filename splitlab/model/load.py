@@ -4,14 +4,15 @@ folder written by ``save_pretrained``, or a Hugging Face Hub id."""
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from splitlab import __version__
 from splitlab.checkpoint import read_checkpoint
 from splitlab.model.base import SplitModel
+from splitlab.version import __version__
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -28,6 +29,12 @@ def from_checkpoint(path: str | Path, setting: str = "checkpoint") -> SplitModel
             f"{setting}={str(path)!r} records no model config (splitlab.model): it was not written by this "
             f"splitlab version ({__version__})"
         )
+    if "stage" in meta and not config.get("trained"):  # written before the model kept its record
+        stage = meta["stage"]
+        config = {
+            **config,
+            "trained": {"stage": stage, "ppo_steps": meta.get("ppo_steps", int(stage == "ppo"))},
+        }
     state = checkpoint["state_dict"]
     weights = {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")}
     model = SplitModel.from_config(config)
@@ -78,4 +85,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", setting: str = "m
             f"{setting}={str(path)!r}: no such file or folder (give a run folder, a .ckpt file, a "
             "save_pretrained folder or a Hugging Face Hub id owner/name)"
         )
+    unfinished = model.unfinished()
+    if unfinished:  # served, as it may be inspected, but never silently as a trained policy
+        warnings.warn(f"{setting}={str(path)!r}: {unfinished}", stacklevel=2)
     return model.to(device).eval()

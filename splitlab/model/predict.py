@@ -242,13 +242,18 @@ def budget_note(
     if policy == "uniform" or not fractions:
         return None
     mean, error = mean_and_error(fractions)
+    calibrated = model.calibration if abs(model.calibration.get("budget", -1) - budget) < 1e-9 else {}
+    # the cut itself was fitted on a sample: its mean is uncertain by the calibration's standard error
+    cut_error = float(calibrated.get("error") or 0.0)
+    both = (error**2 + cut_error**2) ** 0.5
     miss = abs(mean - budget)
-    if miss <= BUDGET_TOLERANCE or not miss > BUDGET_ERRORS * error:
+    if miss <= BUDGET_TOLERANCE or not miss > BUDGET_ERRORS * both:
         return None
-    errors = f", {miss / error:.0f} standard errors" if error > 0 else ""
+    errors = f", {miss / both:.0f} standard errors" if both > 0 else ""
+    counted = f" with the calibration's ± {cut_error:.3f}" if cut_error else ""
     return (
         f"the mean token fraction of these {len(fractions)} image(s) is {mean:.3f} ± {error:.3f} (standard "
-        f"error), for a budget of {budget:g}: {miss:.3f} off{errors}. Its cut was calibrated on other images "
+        f"error{counted}), for a budget of {budget:g}: {miss:.3f} off{errors}. Its cut was calibrated on other images "
         "(the training images, or those it was last calibrated on), and these differ; `splitlab calibrate "
         "MODEL IMAGES --out DIR` re-fits it on images like these (max_fraction / --max-fraction bounds "
         "every image)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -48,6 +49,13 @@ class PPOConfig:
             raise ValueError(f"ppo.imitation={self.imitation}: a weight, at least 0")
         if self.samples < 1 or self.epochs < 1:
             raise ValueError(f"ppo.samples={self.samples}, ppo.epochs={self.epochs}: both must be at least 1")
+        for name, low in (("clip", 0.0), ("max_grad_norm", 0.0), ("entropy_coef", None), ("target_kl", 0.0)):
+            value = getattr(self, name)
+            if value is None and name == "target_kl":
+                continue
+            if not (math.isfinite(value) and (value > low if low is not None else value >= 0)):
+                bound = "above 0" if low is not None else "at least 0"
+                raise ValueError(f"model.init_args.ppo.{name}={value!r}: must be a finite number {bound}")
 
 
 def advantages(

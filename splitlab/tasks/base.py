@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, is_dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -35,6 +36,7 @@ from splitlab.tasks.state import SamplingStream, TaskState
 from splitlab.tasks.training import Stage, StageTraining
 from splitlab.tasks.transfer import check_policy, transferred_decision
 from splitlab.tokenizer import LabelEmbedding, Levels, SplitTokenizer, TokenLayout, budget_points
+from splitlab.training import refinement_gains
 
 
 def _config_value(value: Any) -> Any:
@@ -145,6 +147,7 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         check_policy(policy, budget_range, options.policy_checkpoint, options.transfer_finetune)
         self.ppo = hp.ppo
         self.stage: Stage = "warm_start"
+        self.ppo_steps = 0  # PPO updates run so far (checkpointed): a policy with none only imitated
         self.sampling = SamplingStream(options.sampling_seed)
         self.configure_models()
         if policy == "transferred":  # another run's decision module, deployed frozen
@@ -218,9 +221,18 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         """Targets for ``times`` rollouts of the batch, rollout after rollout."""
         return self.logic.repeat_targets(targets, times)
 
-    def per_image_loss(self, outputs: Any, targets: Any) -> Tensor:
-        """The task loss of each image, shape ``(B,)``: its mean trains the task, its values are PPO rewards."""
-        return self.logic.per_image_loss(outputs, targets, LossInputs(self.generator, self.stage == "ppo"))
+    def per_image_loss(self, outputs: Any, targets: Any, generator: torch.Generator | None = None) -> Tensor:
+        """The task loss of each image, ``(B,)``: its mean trains the task, its values are PPO rewards
+        (``generator``: the random source of a loss that samples, default the run's)."""
+        inputs = LossInputs(self.generator if generator is None else generator, self.stage == "ppo")
+        return self.logic.per_image_loss(outputs, targets, inputs)
+
+    def loss_gains(
+        self, images: Tensor, targets: Any, generator: Any = None, tokens: Any = None
+    ) -> list[Tensor]:
+        """How much each split lowers this batch's task loss (`refinement_gains`): ``loss`` labels, ``loss_oracle``."""
+        loss = partial(self.per_image_loss, targets=targets, generator=generator)
+        return refinement_gains(self.model, images, loss, self.hparams.warm_start.loss_steps, tokens)
 
     def update_metrics(
         self, metrics: MetricCollection, outputs: Any, targets: Any, layout: TokenLayout

@@ -11,7 +11,10 @@ from torch import Tensor
 
 from splitlab.metrics import timed
 from splitlab.report import format_table, summary_record, write_summary
-from splitlab.tokenizer import TokenLayout, annotation_labels
+from splitlab.tokenizer import TokenLayout, annotation_labels, gain_labels
+from splitlab.training import autograd_ready
+
+ORACLES = ("oracle", "loss_oracle")  # the rows that read the targets: bounds, never deployed
 
 
 def slot(name: str) -> str:
@@ -76,8 +79,9 @@ class PolicyEvaluation:
                 if policy == self.deployed_policy or (suffix and policy == "uniform"):
                     continue
                 with timed(images.device) as elapsed:
-                    if policy == "oracle":
-                        base = self.oracle_layout(images, batch, realised, batch_idx)
+                    if policy in ORACLES:
+                        oracle = self.oracle_layout if policy == "oracle" else self.loss_oracle_layout
+                        base = oracle(images, batch, realised, batch_idx)
                         out = self.forward_layout(base)
                     else:
                         out, base = self(images, policy=policy, budget=realised, seed=batch_idx)
@@ -99,6 +103,19 @@ class PolicyEvaluation:
         generator = torch.Generator(images.device).manual_seed(seed)
         decisions, _ = annotation_labels(cells.to(images.device), self.levels, budget, generator)
         scores = [d.float() for d in decisions]
+        return self.tokenizer(images, self.backbone, mode="scores", scores=scores, threshold=0.5)
+
+    def loss_oracle_layout(self, images: Tensor, batch: Any, budget: float, seed: int) -> TokenLayout:
+        """The ``loss_oracle`` row's layout: the splits worth most to this batch's task loss first
+        (`refinement_gains`, read through the task's per-image loss), as many as ``budget`` buys. It
+        reads the targets through the loss, so it needs no annotations; like ``oracle``, a bound."""
+        generator = torch.Generator(images.device).manual_seed(seed)
+        with torch.inference_mode(False):  # validation's tensors, as autograd can read them
+            plain_images = autograd_ready(images)
+            _, targets = self.unpack_batch(autograd_ready(batch))
+            gains = self.loss_gains(plain_images, targets, generator)
+        finest = self.levels.finest_grid(images.shape[-2:])
+        scores = [d.float() for d in gain_labels(gains, self.levels, budget, finest)]
         return self.tokenizer(images, self.backbone, mode="scores", scores=scores, threshold=0.5)
 
     def finish_results(self, results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -178,7 +195,7 @@ class PolicyEvaluation:
         else:
             if self.hparams.policy == "transferred":  # another run's policy
                 trained = "transferred"
-            elif self.stage != "ppo":  # no PPO step ran: the policy only imitated
+            elif self.stage != "ppo" or self.ppo_steps == 0:  # no PPO step ran: the policy only imitated
                 trained = "imitation"
             else:  # SPLIT, or its multi-task policy (`learned_name`)
                 trained = self.learned_name

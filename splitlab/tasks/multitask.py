@@ -162,13 +162,15 @@ class MultiTaskSplit(SplitTask):
         forward runs every head on every image: inference)."""
         return self.model.forward_layout(layout, self.images_of(layout.batch_size))
 
-    def per_image_loss(self, outputs: dict[str, Any], targets: TaskTargets) -> Tensor:
+    def per_image_loss(
+        self, outputs: dict[str, Any], targets: TaskTargets, generator: torch.Generator | None = None
+    ) -> Tensor:
         """Each image's own task loss divided by that task's running mean loss (`loss_scale`): each
         task's losses average about 1, so neither the mean the task trains on nor PPO's reward favours
         the task whose loss is larger. The running means move while training, after the batch is
         scaled (the batch's own losses do not scale it; a run's first batch sets them)."""
         losses: Tensor | None = None
-        inputs = LossInputs(self.generator, self.stage == "ppo")
+        inputs = LossInputs(self.generator if generator is None else generator, self.stage == "ppo")
         for k, (name, (positions, task_targets)) in self._ordered(targets):
             loss = self.task_logic[name].per_image_loss(outputs[name], task_targets, inputs)
             first = self.training and not bool(self.loss_scale[k] > 0)

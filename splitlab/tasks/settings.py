@@ -9,6 +9,7 @@ quantity has everywhere else (``levels``, ``decision_dim`` in config.json; ``eva
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, TypeVar
@@ -16,10 +17,23 @@ from typing import Any, TypeVar
 from splitlab.tokenizer import BASELINES
 from splitlab.tokenizer.baselines import APT_SEARCHES
 
-# the oracle reads the annotations: a row of the evaluation, never a deployed policy
-EVAL_BASELINES = (*BASELINES, "oracle")
+# the oracles read the targets (``oracle``: the annotations' cells; ``loss_oracle``: each split's worth
+# to the task loss): rows of the evaluation, never a deployed policy
+EVAL_BASELINES = (*BASELINES, "oracle", "loss_oracle")
 LABEL_TARGETS = ("initial", "live")
-LABEL_SOURCES = ("embedding", "annotations")
+LABEL_SOURCES = ("embedding", "annotations", "loss")
+
+
+def check_ranges(
+    group: str, settings: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()
+) -> None:
+    """Refuse a field out of its range before anything is built, named as the command line takes it."""
+    for name in (*positive, *non_negative):
+        value = getattr(settings, name)
+        low_ok = value > 0 if name in positive else value >= 0
+        if not (isinstance(value, int | float) and low_ok and math.isfinite(value)):
+            bound = "above 0" if name in positive else "at least 0"
+            raise ValueError(f"model.init_args.{group}.{name}={value!r}: must be a finite number {bound}")
 
 
 @dataclass(frozen=True)
@@ -68,7 +82,7 @@ class EvaluationSettings:
             raise ValueError(
                 f"evaluation.eval_baselines={self.eval_baselines}: unknown {unknown}; choose from {EVAL_BASELINES}"
             )
-        if self.calibration_images < 0:
+        if not isinstance(self.calibration_images, int) or self.calibration_images < 0:
             raise ValueError(f"evaluation.calibration_images={self.calibration_images}: a count, at least 0")
 
 
@@ -115,6 +129,9 @@ class OptimSettings:
     policy_lr: float = 3e-4
     grad_clip: float = 1.0
 
+    def __post_init__(self) -> None:
+        check_ranges("optim", self, ("lr", "policy_lr", "grad_clip"), ("weight_decay", "warmup_steps"))
+
 
 @dataclass(frozen=True)
 class WarmStartSettings:
@@ -129,8 +146,12 @@ class WarmStartSettings:
             module alone.
         label_target: the patch embedding the labels read: ``initial`` (a frozen copy as the warm
             start began) or ``live`` (the one being fine-tuned).
-        label_source: what is imitated: ``embedding`` differences (the paper's) or ``annotations``
-            (the oracle's layout from the data's boxes or masks).
+        label_source: what is imitated: ``embedding`` differences (the paper's), ``annotations``
+            (the oracle's layout from the data's boxes or masks) or ``loss`` (the splits that lower the
+            task loss most, read through the task's own per-image loss: no annotations needed;
+            `splitlab.training.refinement_gains`).
+        loss_steps: with ``loss`` labels (and the ``loss_oracle`` row), points along each level's path
+            (1: its middle; each costs about 3 forwards of the finest grid per level).
     """
 
     imitation_lr: float = 1e-3
@@ -140,6 +161,7 @@ class WarmStartSettings:
     finetune: bool = True
     label_target: str = "initial"
     label_source: str = "embedding"
+    loss_steps: int = 1
 
     def __post_init__(self) -> None:
         if self.label_target not in LABEL_TARGETS:
@@ -150,8 +172,11 @@ class WarmStartSettings:
             raise ValueError(
                 f"warm_start.label_source={self.label_source!r}: expected one of {LABEL_SOURCES}"
             )
+        check_ranges("warm_start", self, ("imitation_lr",), ("imitation_weight",))
         if self.imitation_steps < 1:
             raise ValueError(f"warm_start.imitation_steps={self.imitation_steps} must be at least 1")
+        if self.loss_steps < 1:
+            raise ValueError(f"warm_start.loss_steps={self.loss_steps} must be at least 1")
         if not 0.0 <= self.teacher_forcing <= 1.0:
             raise ValueError(f"warm_start.teacher_forcing={self.teacher_forcing}: a share in [0, 1]")
 
@@ -171,6 +196,9 @@ class ControllerSettings:
     gain: float = 0.5
     damping: float = 0.0
     init: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_ranges("controller", self, (), ("lr", "gain", "damping", "init"))
 
 
 GROUPS: dict[str, type] = {

@@ -131,14 +131,14 @@ class TaskState:
         wanted = [
             setting
             for setting, asks in (
-                ("label_source=annotations", hp.warm_start.label_source == "annotations"),
-                ("eval_baselines with oracle", "oracle" in hp.evaluation.eval_baselines),
+                ("warm_start.label_source=annotations", hp.warm_start.label_source == "annotations"),
+                ("evaluation.eval_baselines with oracle", "oracle" in hp.evaluation.eval_baselines),
             )
             if asks
         ]
         if wanted and not getattr(datamodule, "object_annotations", False):
             raise ValueError(
-                f"model.init_args.{' and '.join(wanted)} need annotations that say where the objects are, and "
+                f"model.init_args.{' and model.init_args.'.join(wanted)} need annotations that say where the objects are, and "
                 f"this data gives none to {type(self).__name__} (classification: data.init_args.objects, a "
                 "file of object boxes); drop the setting or give the annotations"
             )
@@ -242,9 +242,11 @@ class TaskState:
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # the settings groups as plain mappings: a checkpoint holds data, never a class to import
         checkpoint["hyper_parameters"] = plain(checkpoint.get("hyper_parameters", {}))
+        self.model.trained = {"stage": self.stage, "ppo_steps": self.ppo_steps}  # what `holds` reports
         checkpoint["splitlab"] = {
             "task_class": f"{type(self).__module__}.{type(self).__qualname__}",
             "stage": self.stage,
+            "ppo_steps": self.ppo_steps,
             "generators": self._generator_states(),
             "model": self.model.export_config(),  # what `splitlab.load` rebuilds the model from
         }
@@ -283,6 +285,8 @@ class TaskState:
         if "stage" in state:
             self.stage = state["stage"]
             self.sync_deployed()
+        # a checkpoint from before the count: one in the PPO stage is taken to have run PPO
+        self.ppo_steps = int(state.get("ppo_steps", 1 if state.get("stage") == "ppo" else 0))
         states = state.get("generators", [])
         ranks = self.trainer.world_size if attached_trainer(self) is not None else 1
         if states and len(states) != ranks:

@@ -18,6 +18,7 @@ from splitlab.tokenizer import (
     annotation_labels,
     calibrate_threshold,
     fraction_of,
+    gain_labels,
     policy,
     warm_start_labels,
 )
@@ -118,7 +119,7 @@ class StageTraining(Optimization):
         else:
             point, budget = self.step_budget()
             logits = self.tokenizer.decision_logits(tokens, budget)
-            labels = self.imitation_labels(images, batch, budget)
+            labels = self.imitation_labels(images, batch, budget, tokens)
             imitation = self.imitation_loss(logits, labels)
             # The backbone fine-tunes on a mix of label layouts and policy samples (see there why).
             layout = self.warm_start_layout(tokens, logits, labels)
@@ -211,10 +212,20 @@ class StageTraining(Optimization):
             return float(self.ppo.imitation)
         return 1.0 if self.hparams.warm_start.label_source == "annotations" else 0.0
 
-    def imitation_labels(self, images: Tensor, batch: Any, budget: float) -> list[Tensor]:
+    def imitation_labels(
+        self, images: Tensor, batch: Any, budget: float, tokens: list[Tensor] | None = None
+    ) -> list[Tensor]:
         """The warm start's split labels at ``budget`` (``label_source``): from embedding differences
-        (the paper's), or the oracle's layout from the batch's annotations."""
-        if self.hparams.warm_start.label_source == "annotations":
+        (the paper's), the oracle's layout from the batch's annotations, or the splits worth most to
+        the task loss of the model as it is now (``tokens``: the batch's embeddings, if at hand)."""
+        source = self.hparams.warm_start.label_source
+        if source == "loss":
+            _, targets = self.unpack_batch(batch)
+            gains = self.loss_gains(images, targets, tokens=tokens)
+            return gain_labels(gains, self.levels, budget, self.levels.finest_grid(images.shape[-2:]))
+        if source not in ("annotations", "embedding"):  # never a silent fallback to another source
+            raise ValueError(f"warm_start.label_source={source!r}: no labels of that kind")
+        if source == "annotations":
             grid = self.levels.grid(self.levels.num - 1, tuple(images.shape[-2:]))
             cells = self.annotated_cells(batch, grid)
             if cells is None:
@@ -284,7 +295,7 @@ class StageTraining(Optimization):
                 policy.log_prob(lg, d) for lg, d in zip(rollouts.logits, rollouts.decisions, strict=True)
             ]
         anchor = self.anchor_weight()
-        labels = self.imitation_labels(images, batch, budget) if anchor > 0 else None
+        labels = self.imitation_labels(images, batch, budget, tokens) if anchor > 0 else None
         epochs_run = 0
         for epoch in range(cfg.epochs):
             logits = self.tokenizer.decision_logits(tokens, budget)
@@ -310,6 +321,7 @@ class StageTraining(Optimization):
             self.clip_norm(policy_opt, cfg.max_grad_norm)
             policy_opt.step()
             epochs_run += 1
+        self.ppo_steps += 1
         self.controller.update(rollouts.fraction.mean(), point)
         self.budget_sampler.update(point, task_loss.mean(), self.mean_over_ranks)
         with torch.no_grad():

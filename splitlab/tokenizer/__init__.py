@@ -25,7 +25,10 @@ from splitlab.tokenizer.labels import (
     LabelEmbedding,
     annotation_labels,
     annotation_scores,
+    cut_labels,
     embedding_difference_scores,
+    gain_labels,
+    tree_scores,
     warm_start_labels,
 )
 from splitlab.tokenizer.layout import TokenLayout
@@ -63,14 +66,17 @@ __all__ = [
     "cap_splits",
     "count_tokens",
     "cover_slots",
+    "cut_labels",
     "embedding_difference_scores",
     "entropy_scores",
     "expected_random_fraction",
     "fraction_of",
+    "gain_labels",
     "leaf_masks",
     "level_quantiles",
     "level_thresholds",
     "patch_entropy",
     "random_split_rate",
+    "tree_scores",
     "warm_start_labels",
 ]

@@ -126,5 +126,34 @@ def annotation_labels(
     noisy = [
         s + 1e-3 * torch.rand(s.shape, generator=generator, device=s.device, dtype=s.dtype) for s in scores
     ]
-    cut = calibrate_threshold(noisy, levels.check_fraction(target), finest=cells.shape[-2:])
-    return [s > cut for s in noisy], noisy
+    return cut_labels(noisy, levels, target, cells.shape[-2:]), noisy
+
+
+def cut_labels(
+    scores: Sequence[Tensor], levels: Levels, target: float, finest: Sequence[int]
+) -> list[Tensor]:
+    """Split where a tree-consistent score (a child never above its parent) passes the one cut whose
+    layouts meet ``target`` on this batch: a valid quadtree, the highest scores split first."""
+    cut = calibrate_threshold(scores, levels.check_fraction(target), finest=finest)
+    return [s > cut for s in scores]
+
+
+def tree_scores(gains: Sequence[Tensor]) -> list[Tensor]:
+    """Per non-finest level ``(B, h_k, w_k)``: each patch's gain, raised to the best gain of any patch
+    under it, so that a child never scores above its parent and one cut splits a valid quadtree
+    top-down. A parent whose own split buys little is still split where a descendant's split is
+    worth it (the annotation labels' rule: a patch holding any marked cell is split)."""
+    scores = [g.float() for g in gains]
+    for k in range(len(scores) - 2, -1, -1):
+        below = F.max_pool2d(scores[k + 1][:, None], 2, ceil_mode=True)[:, 0]  # a clipped grid: its parents
+        scores[k] = torch.maximum(scores[k], below[..., : scores[k].shape[-2], : scores[k].shape[-1]])
+    return scores
+
+
+@torch.no_grad()
+def gain_labels(
+    gains: Sequence[Tensor], levels: Levels, target: float, finest: Sequence[int]
+) -> list[Tensor]:
+    """Split labels at ``target`` from each split's estimated gain (how much it lowers the task loss,
+    `splitlab.training.refinement_gains`): the largest gains first, through `tree_scores`."""
+    return cut_labels(tree_scores(gains), levels, target, finest)

@@ -35,7 +35,8 @@ def test_annotation_labels_above_num_classes(tmp_path) -> None:
     corrupt(masks[18])  # beyond the masks read up front: found when the sample is read
     train = ADE20KData(**settings, strict=True)._subset("training", training=True)
     with pytest.raises(
-        ValueError, match=r"label value 9 is above num_classes=5 .*\(data.init_args.strict=true\)"
+        ValueError,
+        match=r"label value 9 is above num_classes=5: set model.init_args.num_classes=9 .*\(data.init_args.strict=true\)",
     ):
         train[18]  # strict: the bad sample is an error, not skipped
     image, mask = train[0]  # good samples still read

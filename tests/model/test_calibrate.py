@@ -68,7 +68,9 @@ def test_calibrating_on_images_of_a_kind_meets_every_budget_on_held_out_ones(sce
             fractions = [r["token_fraction"] for r in model.predict(held_out, num_workers=0, budget=budget)]
         mean, error = mean_and_error(fractions)
         assert mean == pytest.approx(budget, abs=0.03)
-        missed = abs(mean - budget) > max(BUDGET_TOLERANCE, BUDGET_ERRORS * error)
+        # at the budget it was calibrated for, the cut's own standard error counts with the sample's
+        both = math.hypot(error, done.expected_error) if budget == done.budget else error
+        missed = abs(mean - budget) > max(BUDGET_TOLERANCE, BUDGET_ERRORS * both)
         assert bool(said) == missed, [str(w.message) for w in said]  # said only when missed, with the numbers
         if budget == 0.5:  # what calibrate expected on new images of the kind is what they show
             spread = math.hypot(done.expected_error, error)

@@ -140,6 +140,18 @@ SETTINGS = [
     ("--data.init_args.root=/no/such/dataset", "data.root='/no/such/dataset': no such directory"),
     ("--data.init_args.train_split=training", "data.root/train_split="),
     ("--trainer.precision=16-true", "trainer.precision=16-true: float16 training is not supported"),
+    ("--model.init_args.optim.lr=-1", "model.init_args.optim.lr=-1.0: must be a finite number above 0"),
+    ("--model.init_args.ppo.clip=0", "model.init_args.ppo.clip=0.0: must be a finite number above 0"),
+    (
+        "--model.init_args.target_fraction=0.5",
+        "model.init_args.target_fraction was renamed model.init_args.budget (CHANGELOG.md",
+    ),
+    ("--model.init_args.lambda_init=0.1", "renamed model.init_args.controller.init"),
+    ("--model.init_args.warm_start.foo=1", "unrecognized arguments: --model.init_args.warm_start.foo=1"),
+    (
+        "--model.init_args.evaluation.eval_budgets=null",
+        "write an empty list (--model.init_args.evaluation.eval_budgets=[])",
+    ),
 ]
 
 

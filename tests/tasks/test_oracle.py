@@ -62,8 +62,6 @@ def test_annotations_the_data_lacks_are_refused_before_training(shapes_root, tmp
     """The classification twin imitates the oracle and shows its row: without the object boxes, one line."""
     from tests.helpers import fit
 
-    said = (
-        "label_source=annotations and eval_baselines with oracle need annotations .* data.init_args.objects"
-    )
+    said = "warm_start.label_source=annotations and model.init_args.evaluation.eval_baselines with oracle need annotations .* data.init_args.objects"
     with pytest.raises(ValueError, match=said):
         fit(shapes_root, tmp_path, "--data.init_args.objects=null")

@@ -141,8 +141,10 @@ def render_hard_scene(
     classes of `HARD_THINGS`: small objects (under one coarse patch), a medium one at times, and thin
     structures (``cell``: the finest patch in pixels), in random depth order, some touching."""
     img, labels = _hard_stuff(rng, img_size)
-    small = (max(img_size // 10, 3 * cell // 2), img_size * 3 // 16)
-    medium = (img_size // 5, img_size // 3)
+    # at small images the ranges close up to one size (32 px: small objects 12 px, medium 10-12 px)
+    small_lo = max(img_size // 10, 3 * cell // 2)
+    small = (small_lo, max(small_lo, img_size * 3 // 16))
+    medium = (img_size // 5, max(img_size // 5, img_size // 3))
     things = [("small", i) for i in range(int(rng.integers(HARD_SMALL[0], HARD_SMALL[1] + 1)))]
     things += [("medium", i) for i in range(int(rng.integers(HARD_MEDIUM[0], HARD_MEDIUM[1] + 1)))]
     things += [("thin", i) for i in range(int(rng.integers(HARD_THIN[0], HARD_THIN[1] + 1)))]
