@@ -72,7 +72,8 @@ def format_table(record: dict[str, Any]) -> str:
     columns = record.get("columns", [])
     width = max([10, *(len(c) for c in columns)])
     extra = "".join(f" {c:>{width}}" for c in columns)
-    header = f"{'policy':<14} {metric:>10}{extra} {'fraction':>10} {'± std':>8} {'img/s':>10}"
+    names = max([14, *(len(name) for name in record["policies"])])  # loss_oracle@0.3 is 15 wide
+    header = f"{'policy':<{names}} {metric:>10}{extra} {'fraction':>10} {'± std':>8} {'img/s':>10}"
     trained = record.get("trained_policy", "learned")
     lines = [
         f"{record['task']} ({record['stage']}, trained policy: {trained}): budget "
@@ -91,7 +92,7 @@ def format_table(record: dict[str, Any]) -> str:
     for name, row in record["policies"].items():
         values = "".join(f" {shown(row.get(c), '.4f'):>{width}}" for c in columns)
         lines.append(
-            f"{name:<14} {shown(row['metric'], '.4f'):>10}{values} {shown(row['token_fraction_mean'], '.3f'):>10} "
+            f"{name:<{names}} {shown(row['metric'], '.4f'):>10}{values} {shown(row['token_fraction_mean'], '.3f'):>10} "
             f"{shown(row['token_fraction_std'], '.3f'):>8} {shown(row['images_per_second'], '.1f'):>10}"
         )
     return "\n".join(lines)

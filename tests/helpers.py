@@ -282,7 +282,9 @@ def one_point_curve(run_dir, dest, record: dict, tolerance: float) -> dict:
     curve = json.loads((dest / "curve.json").read_text())
     assert (curve["task"], curve["metric"]) == (record["task"], record["metric"])
     (point,) = curve["points"]
-    shown = {"learned", "random", "entropy", "uniform"} | ({"oracle"} & set(record["policies"]))
+    shown = {"learned", "random", "entropy", "uniform"} | (
+        {"oracle", "loss_oracle"} & set(record["policies"])
+    )
     assert point["target"] == 0.5 and set(point["policies"]) == shown  # the oracle where the run has one
     learned = record["policies"]["learned"]["metric"]
     assert abs(point["policies"]["learned"]["metric"] - learned) <= tolerance

@@ -22,6 +22,7 @@ from splitlab.tokenizer import (
     policy,
     warm_start_labels,
 )
+from splitlab.training import per_image_shares
 
 Stage = Literal["dense", "warm_start", "ppo"]
 STAGES = ("dense", "warm_start", "ppo")
@@ -221,7 +222,7 @@ class StageTraining(Optimization):
         source = self.hparams.warm_start.label_source
         if source == "loss":
             _, targets = self.unpack_batch(batch)
-            gains = self.loss_gains(images, targets, tokens=tokens)
+            gains = per_image_shares(self.loss_gains(images, targets, tokens=tokens))
             return gain_labels(gains, self.levels, budget, self.levels.finest_grid(images.shape[-2:]))
         if source not in ("annotations", "embedding"):  # never a silent fallback to another source
             raise ValueError(f"warm_start.label_source={source!r}: no labels of that kind")

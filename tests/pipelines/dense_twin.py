@@ -30,7 +30,7 @@ class DenseTwinChecks:
     def test_fit_writes_a_summary(self, run) -> None:
         record = run[1]
         assert record["metric"] == self.metric and record["stage"] == "fit" and record["lambda"] >= 0
-        assert set(record["policies"]) == {"learned", "uniform", "random", "entropy", "oracle"}
+        assert set(record["policies"]) == {"learned", "uniform", "random", "entropy", "oracle", "loss_oracle"}
         learned, uniform = record["policies"]["learned"], record["policies"]["uniform"]
         assert abs(learned["token_fraction_mean"] - record["budget"]) <= 0.03
         for baseline in ("random", "entropy", "oracle"):  # compared at the learned layout's fraction

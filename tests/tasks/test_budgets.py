@@ -36,10 +36,12 @@ def test_one_policy_serves_several_budgets(conditioned) -> None:
         "random",
         "entropy",
         "oracle",
+        "loss_oracle",
         "learned@0.3",
         "random@0.3",
         "entropy@0.3",
         "oracle@0.3",
+        "loss_oracle@0.3",
     }
     assert rows["learned@0.3"]["token_fraction_mean"] < rows["learned"]["token_fraction_mean"]
     # each baseline row is evaluated at the learned policy's realised fraction of its budget
@@ -194,7 +196,7 @@ def test_curve_of_a_run(conditioned, shapes_root, tmp_path) -> None:
     assert record["task"] == "classification" and record["metric"] == "top1"
     assert [p["target"] for p in record["points"]] == [0.35, 0.6]
     for point in record["points"]:
-        assert set(point["policies"]) == {"learned", "random", "entropy", "oracle", "uniform"}
+        assert set(point["policies"]) == {"learned", "random", "entropy", "oracle", "loss_oracle", "uniform"}
         assert set(point["policies"]["learned"]) == {
             "metric",
             "token_fraction_mean",

@@ -112,3 +112,32 @@ def test_rollouts_of_one_image_share_the_detection_samplers_draws() -> None:
         outputs, _ = task(torch.cat([images, images]))  # two identical rollouts of the batch
         twice = task.per_image_loss(outputs, targets * 2)
     assert torch.equal(twice[:4], twice[4:])  # same layout, same draws: the same reward
+
+
+@pytest.mark.parametrize("build", [classification, detection, segmentation, vqa], ids=lambda f: f.__name__)
+def test_loss_gains_of_each_task_are_each_images_own_and_the_loss_oracle_meets_the_budget(
+    build, tmp_path
+) -> None:
+    """The ``loss`` labels and the ``loss_oracle`` row read every task through its per-image loss: an
+    image's gains do not move when another image changes, and the row runs under validation's
+    inference mode at the budget."""
+    task, targets = build(tmp_path) if build is vqa else build()
+    task.set_stage("ppo")
+    task.eval()
+    images = torch.randn(4, 3, 64, 64)
+
+    def gains(x):
+        return task.loss_gains(x, targets, torch.Generator().manual_seed(0))
+
+    base = gains(images)
+    assert [g.shape for g in base] == [(4, 2, 2), (4, 4, 4)] and all(torch.isfinite(g).all() for g in base)
+    changed = images.clone()
+    changed[1] = torch.randn(3, 64, 64)
+    after = gains(changed)
+    keep = torch.tensor([0, 2, 3])
+    for b, a in zip(base, after, strict=True):
+        torch.testing.assert_close(a[keep], b[keep], atol=1e-5, rtol=1e-4)
+    batch = (images, targets)
+    with torch.inference_mode():
+        layout = task.loss_oracle_layout(images, batch, 0.5, seed=0)
+    assert layout.fraction.mean().item() == pytest.approx(0.5, abs=0.05)

@@ -29,7 +29,7 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
     )
     assert summary["lambda"] == pytest.approx(by_hand, abs=1e-6)
     assert cli.model.controller.total_steps > 0  # which PPO moved
-    assert set(summary["policies"]) == {"learned", "uniform", "random", "entropy", "oracle"}
+    assert set(summary["policies"]) == {"learned", "uniform", "random", "entropy", "oracle", "loss_oracle"}
     rows = summary["policies"]
     for row in rows.values():
         assert set(row) >= {"metric", "token_fraction_mean", "token_fraction_std", "images_per_second"}
@@ -57,7 +57,7 @@ def test_fit_then_validate_test_predict(shapes_root, tmp_path) -> None:
         lightning_main([command, *tiny_args(shapes_root, out), f"--ckpt_path={ckpt}"])
         record = json.loads((out / "summary.json").read_text())
         assert record["stage"] == command and record["lambda"] == pytest.approx(summary["lambda"])
-        assert set(record["policies"]) == {"learned", "uniform", "random", "entropy", "oracle"}
+        assert set(record["policies"]) == {"learned", "uniform", "random", "entropy", "oracle", "loss_oracle"}
     out = tmp_path / "predict"
     lightning_main(
         ["predict", *tiny_args(shapes_root, out), f"--ckpt_path={ckpt}"]
@@ -237,7 +237,13 @@ def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_
     )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["trained_policy"] == "entropy"
-    assert set(summary["policies"]) == {"entropy", "uniform", "random", "oracle"}  # trained row, baselines
+    assert set(summary["policies"]) == {
+        "entropy",
+        "uniform",
+        "random",
+        "oracle",
+        "loss_oracle",
+    }  # trained row, baselines
     # APT's fixed cuts come from 24 training images and meet the budget on the 12 validation images
     # only up to sampling noise (its budget varies per image); 600 validation images of the CI twin
     # meet ±0.05 (tests/pipelines/test_regression.py)

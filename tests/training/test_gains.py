@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from splitlab.model import SplitModel
 from splitlab.tokenizer import Levels, build_layout, fraction_of, gain_labels, leaf_masks, tree_scores
-from splitlab.training import autograd_ready, on_finest_grid, patch_sums, refinement_gains
+from splitlab.training import autograd_ready, on_finest_grid, patch_sums, per_image_shares, refinement_gains
 
 
 def tiny_model() -> SplitModel:
@@ -122,9 +122,20 @@ def test_the_loss_label_source_imitates_the_gains_of_the_tasks_own_loss() -> Non
     def loss_of(outputs):
         return F.cross_entropy(outputs.float(), labels, reduction="none")
 
-    expected = gain_labels(refinement_gains(task.model, images, loss_of), task.levels, 0.5, (8, 8))
+    expected = gain_labels(
+        per_image_shares(refinement_gains(task.model, images, loss_of)), task.levels, 0.5, (8, 8)
+    )
     assert all(torch.equal(a, b) for a, b in zip(given, expected, strict=True))
     assert fraction_of(given, (8, 8)).mean().item() == pytest.approx(0.5, abs=0.03)
     cells = torch.zeros(6, 8, 8, dtype=torch.bool)
     other = annotation_labels(cells, task.levels, 0.5)[0]
     assert not all(torch.equal(a, b) for a, b in zip(given, other, strict=True))
+
+
+def test_per_image_shares_weigh_every_image_alike_and_keep_its_order() -> None:
+    gains = [torch.tensor([[[1.0, -1.0]], [[10.0, 30.0]]]), torch.tensor([[[2.0, 0.0]], [[0.0, 60.0]]])]
+    shares = per_image_shares(gains)
+    totals = sum(s.abs().flatten(1).sum(1) for s in shares)
+    torch.testing.assert_close(totals, torch.ones(2))
+    assert shares[0][0].tolist() == [[0.25, -0.25]]
+    torch.testing.assert_close(shares[1][1], torch.tensor([[0.0, 0.6]]))
