@@ -17,14 +17,16 @@
 #   3. eager benches, bf16, f = 0.7, `auto` backend (flash-attn where it imports, else SDPA on
 #      nested tensors; the JSON names it), one at a time, alone on the machine:
 #        ViT-L/14-336 b128 40 | ViT-B/16-224 sweep b1,8,32,64,256 with the dense ideal 60 |
-#        ViT-H/14-336 b64 50 | EVA-02-L/16 640 b4 30 | EVA-02-L/16 1024 b2 30
-#        (ViTs 10 timed batches, EVA 3)                                          -> 210
+#        ViT-H/14-336 b64 50 | EVA-02-L/16 640 b4 30 | EVA-02-L/16 1024 b2 30 |
+#        the dense recipes' whole models, images in and outputs out (`--task`: tasks/coco.yaml's
+#        Mask R-CNN at 1024 px b2 60, tasks/ade20k.yaml's UperNet at 640 px b4 40)
+#        (ViTs 10 timed batches, EVA and the dense models 3)                     -> 310
 #   4. compiled benches (--compile; cold Inductor compiles are most of it):
 #        ViT-L/14-336 100 | ViT-B/16-224 70 | ViT-H/14-336 120                  -> 290
 #   5. only where flash-attn imports (phases 3-4 then ran flash): the eager ViTs on nested tensors,
 #      so that both backends are in the table: ViT-L 40 | ViT-B sweep 40 | ViT-H 50 -> 130
-# The limits are about twice the expected times and sum to ~630 s (~760 s with flash-attn) against
-# the 480 s budget; expected in all ~420 s (~480 s: the last nested bench may be cut). A step gets at most the time left, none starts
+# The limits are about twice the expected times and sum to ~730 s (~860 s with flash-attn) against
+# the 480 s budget; expected in all ~470 s (the compiled and nested benches after it may be cut). A step gets at most the time left, none starts
 # with under 30 s left (it is listed SKIPPED), so when steps run long the last ones are cut first.
 # At its limit a step gets SIGINT (pytest still writes its summary and JUnit XML, a bench its
 # traceback), and 20 s later SIGKILL; Ctrl-C stops the running steps the same way and still writes
@@ -214,6 +216,8 @@ bench vit-b16-224-sweep 60 "${VIT_B_SWEEP[@]}" --dense-ideal
 bench vit-h14-336 50 "${VIT_H[@]}"
 bench eva02-l16-640 30 "${EVA[@]}" --img-size 640 --batch-size 4
 bench eva02-l16-1024 30 "${EVA[@]}" --img-size 1024 --batch-size 2
+bench coco-mask-rcnn-dense 60 --task detection --batch-size 2 --iters 3
+bench ade20k-upernet-dense 40 --task segmentation --batch-size 4 --iters 3
 # 4. compiled
 bench vit-l14-336-compiled 100 "${VIT_L[@]}" --compile
 bench vit-b16-224-compiled 70 "${VIT_B[@]}" --compile
@@ -233,6 +237,7 @@ import json
 import pathlib
 import sys
 
+from splitlab.commands.bench_dense import format_dense_run
 from splitlab.commands.bench_table import bench_table, format_sweep
 
 out, done = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
@@ -242,6 +247,9 @@ print((bench_table(records) if records else "no benchmark finished") + "\n")
 for record in records:  # a sweep's own table: the spread of its pairs and the dense ideal
     if "sweep" in record:
         print(format_sweep(record["sweep"]) + "\n")
+for record in records:  # a detector or segmenter end to end, part by part (splitlab bench --task)
+    if "dense" in record:
+        print(format_dense_run(record) + "\n")
 print((out / "steps.md").read_text().strip())
 PY
     echo "gpu-check: the benchmark table could not be written (above); table.md holds the steps only" >&2

@@ -31,7 +31,7 @@ TOOLS = {
     "convert-checkpoint": convert,
 }
 LIGHTNING_ARGUMENTS = ("-c", "--config", "--ckpt_path", "--trainer", "--model", "--data", "--seed_everything")
-OVERRIDABLE = {"curve"}  # tools that pass further --data.* / --model.* / --trainer.* arguments on
+OVERRIDABLE = {"curve", "demo"}  # tools that pass further --data.* / --model.* / --trainer.* arguments on
 
 
 # LightningCLI's subcommands, as `splitlab --help` lists them beside the tools

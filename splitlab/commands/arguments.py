@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from typing import Any
+
+# what a tool that runs the LightningCLI passes on to it
+LIGHTNING_OVERRIDES = ("--data.", "--model.", "--trainer.", "--seed_everything")
 
 
 def positive_int(text: str) -> int:
@@ -142,3 +146,19 @@ def file_reading(args: argparse.Namespace) -> dict[str, Any]:
         "exif_transpose": args.exif_transpose,
         "high_depth": args.high_depth,
     }
+
+
+def lightning_overrides(words: Sequence[str], prefixes: Sequence[str] = LIGHTNING_OVERRIDES) -> list[str]:
+    """A tool's further words as LightningCLI overrides: ``--key value`` pairs joined as ``--key=value``
+    (argparse hands the value over as a word of its own), anything but ``prefixes`` refused by name."""
+    out: list[str] = []
+    for word in words:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and not word.startswith("--"):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    bad = [o for o in out if not o.startswith(tuple(prefixes))]
+    if bad:
+        allowed = ", ".join(p + ("*" if p.endswith(".") else "") for p in prefixes)
+        raise ValueError(f"unknown arguments {bad}: only {allowed} overrides are passed on")
+    return out

@@ -33,11 +33,13 @@ from splitlab.commands.arguments import (
     positive_int,
     positive_int_list,
 )
+from splitlab.commands.bench_dense import format_dense_run, run_dense
 from splitlab.commands.bench_table import format_bench, format_sweep
 from splitlab.metrics import interleaved, pair_spread, synchronize, timed
 from splitlab.model import Preprocessing, SplitClassifier, SplitModel, load
 from splitlab.model.calibrate import fit_cuts
 from splitlab.model.predict import image_files
+from splitlab.model.tasks import DenseModel
 from splitlab.tokenizer import build_layout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -47,7 +49,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class BenchConfig:
     """What to measure (see ``splitlab bench --help``)."""
 
-    model: str = "vit_base_patch16_224"
+    model: str | None = "vit_base_patch16_224"  # a dense recipe's own backbone where None
     img_size: int | None = None
     batch_size: int = 8
     dtype: str = "float32"
@@ -68,6 +70,8 @@ class BenchConfig:
     min_seconds: float = 0.0
     dense_ideal: bool = False
     system_malloc: bool = False
+    task: str | None = None
+    recipe: Sequence[str] | None = None
 
 
 def _device(name: str) -> torch.device:
@@ -109,11 +113,22 @@ def build(cfg: BenchConfig, device: torch.device) -> SplitModel:
                 f"--budget {model.budget:g} (a calibrated layout) instead"
             )
         model.backbone.attn_backend = cfg.attn_backend
+    elif cfg.task or cfg.recipe:  # a detector or segmenter as its recipe builds it
+        from splitlab.commands.bench_dense import recipe_model, task_recipe
+
+        paths = list(cfg.recipe) if cfg.recipe else [task_recipe(cfg.task)]
+        model = recipe_model(paths, cfg.model, cfg.img_size, cfg.patch_size, cfg.levels)
+        if cfg.task and model.task != cfg.task:
+            raise ValueError(f"--task {cfg.task}: --config {', '.join(paths)} trains {model.task}")
     else:
         kwargs: dict[str, Any] = {"img_size": cfg.img_size} if cfg.img_size else {}
         if cfg.patch_size:  # e.g. EVA-02 converted to /16, as the dense recipes use it
             kwargs["patch_size"] = cfg.patch_size
-        config = {"backbone": cfg.model, "backbone_kwargs": kwargs, "attn_backend": cfg.attn_backend}
+        config = {
+            "backbone": cfg.model or BenchConfig.model,
+            "backbone_kwargs": kwargs,
+            "attn_backend": cfg.attn_backend,
+        }
         config["levels"] = list(cfg.levels) if cfg.levels else None
         pretrained = timm.get_pretrained_cfg(cfg.model.split(".")[0]) if timm.is_model(cfg.model) else None
         if pretrained is not None and not pretrained.num_classes:  # a tower without a classifier
@@ -205,7 +220,7 @@ def check_config(cfg: BenchConfig) -> None:
     """Refuse settings that cannot be measured before any model is built, naming the option."""
     if cfg.dtype not in DTYPES:
         raise ValueError(f"--dtype {cfg.dtype}: expected one of {sorted(DTYPES)}")
-    if cfg.ckpt is None and cfg.budget is None:
+    if cfg.ckpt is None and cfg.budget is None and not (cfg.task or cfg.recipe):
         raise ValueError("give --ckpt (a trained SPLIT checkpoint) or --budget (a calibrated layout)")
     if cfg.images and not Path(cfg.images).is_dir():
         raise FileNotFoundError(f"--images {cfg.images}: no such folder")
@@ -309,9 +324,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     device = _device(cfg.device)
     torch.manual_seed(cfg.seed)
     model = build(cfg, device)
-    img_size, images = bench_images(cfg, model, device)
     dtype = DTYPES[cfg.dtype]
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    if isinstance(model, DenseModel):  # a detector or segmenter: the whole model
+        return run_dense(cfg, model, device, autocast, calibrate_policy)
+    img_size, images = bench_images(cfg, model, device)
     cut = None
     if cfg.budget is not None:  # a trained policy runs as trained unless a budget is asked for
         with autocast:
@@ -438,10 +455,33 @@ def bench_vqa(
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="SPLIT throughput against timm's uniform grid on the same batch")
-    p.add_argument("--model", default="vit_base_patch16_224", help="timm model name (random init)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="timm model name, random init (default vit_base_patch16_224; with --task or --config the "
+        "recipe's backbone)",
+    )
+    dense = p.add_mutually_exclusive_group()
+    dense.add_argument(
+        "--task",
+        choices=("detection", "segmentation"),
+        default=None,
+        help="the whole detector (tasks/coco.yaml) or segmenter (tasks/ade20k.yaml): images in, boxes and "
+        "pasted masks or per-pixel classes out, against the same model on the uniform grid, part by part, "
+        "with the Amdahl ideal (splitlab.commands.bench_dense); --model swaps the recipe's backbone",
+    )
+    dense.add_argument(
+        "--config",
+        dest="recipe",
+        action="append",
+        default=None,
+        help="as --task, from this detection or segmentation recipe (repeat to overlay, as lightning fit)",
+    )
     p.add_argument("--img-size", type=positive_int, default=None, help="image side (default: the model's)")
     p.add_argument("--patch-size", type=positive_int, default=None, help="patch size (default: the model's)")
-    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument(
+        "--batch-size", type=positive_int, default=None, help="default 8 (2 with --task or --config)"
+    )
     p.add_argument(
         "--batch-sizes",
         type=positive_int_list,
@@ -511,7 +551,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     settings = {f.name: getattr(args, f.name) for f in fields(BenchConfig) if hasattr(args, f.name)}
-    cfg = BenchConfig(**{**settings, "budget": 0.7 if args.budget is None and not args.ckpt else args.budget})
+    dense = bool(args.task or args.recipe)  # a recipe's budget, backbone and a batch its size affords
+    budget = 0.7 if args.budget is None and not (args.ckpt or dense) else args.budget
+    if args.model is None and not dense:
+        settings["model"] = BenchConfig.model
+    settings["batch_size"] = args.batch_size or (2 if dense else BenchConfig.batch_size)
+    cfg = BenchConfig(**{**settings, "budget": budget})
     # as splitlab predict runs; both paths of a comparison share the process, so both get it
     kept = not cfg.system_malloc and keep_freed_memory()
     sizes = args.batch_sizes
@@ -522,10 +567,14 @@ def main(args: argparse.Namespace) -> int:
     if sizes:
         runs = [run_bench(dataclasses.replace(cfg, batch_size=b)) for b in sizes]
         result: dict[str, Any] = {"sweep": [{**r, "freed_memory_kept": kept} for r in runs]}
-        print(format_sweep(result["sweep"]))
+        print(
+            format_sweep(result["sweep"])
+            if "dense" not in runs[0]
+            else "\n\n".join(map(format_dense_run, runs))
+        )
     else:
         result = {**run_bench(cfg), "freed_memory_kept": kept}
-        print(format_bench(result))
+        print(format_bench(result) if "dense" not in result else format_dense_run(result))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
@@ -536,10 +585,10 @@ def train_main(args: argparse.Namespace, cfg: BenchConfig, sizes: Sequence[int])
     """``splitlab bench --train``: one table per batch size (`splitlab.commands.bench_train`)."""
     from splitlab.commands.bench_train import bench_train, format_train
 
-    if cfg.ckpt or cfg.images or cfg.predict or cfg.lm or cfg.compile:
+    if cfg.ckpt or cfg.images or cfg.predict or cfg.lm or cfg.compile or cfg.task or cfg.recipe:
         raise ValueError(
-            "--train times a fresh timm model on random images: drop --ckpt, --images, "
-            "--predict, --lm and --compile"
+            "--train times a fresh timm classifier on random images: drop --ckpt, --images, "
+            "--predict, --lm, --compile, --task and --config"
         )
     runs = [
         bench_train(

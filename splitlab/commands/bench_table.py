@@ -123,7 +123,8 @@ def bench_table(records: list[dict[str, Any]]) -> str:
         "| FLOP-ideal | of ideal | overhead | peak MiB uniform / SPLIT | host syncs |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in (row for record in records for row in record.get("sweep", [record])):
+    rows = (row for record in records for row in record.get("sweep", [record]))
+    for r in (row for row in rows if "dense" not in row):  # a detector's or segmenter's: format_dense_run
         c = r["config"]
         memory = (
             f"{r['peak_memory_mib_uniform']:.0f} / {r['peak_memory_mib_split']:.0f}"

@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from splitlab.commands.arguments import command_parser, fraction_list
+from splitlab.commands.arguments import command_parser, fraction_list, lightning_overrides
 from splitlab.report import curve_record, plot_curve
 
 # its line in splitlab --help
@@ -37,17 +37,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def _joined(overrides: Sequence[str]) -> list[str]:
-    """``--key value`` pairs as ``--key=value`` (argparse hands the value over as a word of its own)."""
-    out: list[str] = []
-    for word in overrides:
-        if out and out[-1].startswith("--") and "=" not in out[-1] and not word.startswith("--"):
-            out[-1] = f"{out[-1]}={word}"
-        else:
-            out.append(word)
-    return out
-
-
 def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> tuple[list[str], Path]:
     """The ``validate`` arguments that evaluate every budget at once, and the output folder."""
     run = Path(args.run_dir)
@@ -58,14 +47,7 @@ def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> 
     ):
         if not path.is_file():
             raise FileNotFoundError(f"{what}: {path} not found (RUN_DIR is the folder a fit wrote)")
-    overrides = _joined(overrides)
-    bad = [
-        o for o in overrides if not o.startswith(("--data.", "--model.", "--trainer.", "--seed_everything"))
-    ]
-    if bad:
-        raise ValueError(
-            f"unknown arguments {bad}: only --data.*, --model.*, --trainer.* overrides are passed on"
-        )
+    overrides = lightning_overrides(overrides)
     args.eval_budgets = _check_trained_budgets(config, args.eval_budgets)
     evaluated = (_model_settings(config).get("evaluation") or {}).get("eval_baselines", [])
     # the oracles where the run evaluated them (``oracle``: its data has annotations)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from splitlab.commands.arguments import seed_value
+from splitlab.commands.arguments import lightning_overrides, seed_value
 from splitlab.report import format_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,6 +57,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--reuse",
         default=None,
         help="take data and dense backbone from this earlier demo run (like for like)",
+    )
+    demo.add_argument(
+        "--overrides-reach",
+        choices=("split", "both"),
+        default="split",
+        help="which stages further --config / --model.* / --trainer.* / --data.* arguments reach: the SPLIT stage "
+        "(default: a budget or PPO setting on the same dense backbone) or the dense stage too",
+    )
+    demo.epilog = (
+        "Further --config FILE / --model.* / --trainer.* / --data.* arguments overlay the twin's recipe, "
+        "e.g. --model.init_args.budget=0.3 (see --overrides-reach)."
     )
 
 
@@ -377,20 +388,32 @@ def dense_backbone(
     return pretrain
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, overrides: Sequence[str] = ()) -> int:
     if (args.policy == "transferred") != bool(args.policy_checkpoint):
         raise ValueError(
             "--policy transferred and --policy-checkpoint RUN go together: the policy comes from that run"
         )
+    given = lightning_overrides(
+        overrides, ("--config", "--data.", "--model.", "--trainer.")
+    )  # --seed: the demo's
     extra = (
         [f"--model.init_args.policy_options.policy_checkpoint={args.policy_checkpoint}"]
         if args.policy_checkpoint
         else []
     )
+    both = args.overrides_reach == "both" and bool(given)
+    trained = Path(args.reuse or args.out) / "pretrain" / ".complete"
+    if both and trained.exists():  # a finished dense stage is reused as it was trained
+        raise ValueError(
+            f"--overrides-reach both: {trained.parent} holds a finished dense backbone, which this demo "
+            "would reuse as it was trained; give a new --out (and no --reuse), or let the overrides "
+            "reach the SPLIT stage only"
+        )
     record = run_pipeline(
         args.out,
         args.seed,
-        extra=extra,
+        extra=[*extra, *given] if both else extra,
+        split_only=[] if both else given,
         task=args.task,
         policy=args.policy,
         background=args.background,

@@ -253,17 +253,19 @@ class Outputs:
         elif task == "detection":
             image_id = self.image_ids.setdefault(file, len(self.predicted))
             record["image_id"] = image_id
-            for box, score, category in zip(
-                record["boxes"], record["scores"], record["category_ids"], strict=True
+            masks = record.get("segmentations") or [None] * len(record["boxes"])  # Mask R-CNN's
+            for box, score, category, mask in zip(
+                record["boxes"], record["scores"], record["category_ids"], masks, strict=True
             ):
                 x0, y0, x1, y1 = box
+                entry = {
+                    "image_id": image_id,
+                    "category_id": category,
+                    "bbox": [x0, y0, x1 - x0, y1 - y0],
+                    "score": score,
+                }
                 self.coco.setdefault(name, []).append(
-                    {
-                        "image_id": image_id,
-                        "category_id": category,
-                        "bbox": [x0, y0, x1 - x0, y1 - y0],
-                        "score": score,
-                    }
+                    entry if mask is None else {**entry, "segmentation": mask}
                 )
 
     def draw(self, stem: str, image: Any, tokens: list[list[int]]) -> None:

@@ -176,7 +176,14 @@ class DetectionHead(nn.Module):
         layout = features.layout
         size = layout.grid_size
         hw = (size[0] * layout.levels.finest, size[1] * layout.levels.finest)
-        return {"features": self.pyramid.forward_packed(features), "image_sizes": [hw] * layout.batch_size}
+        return self.from_pyramid(self.pyramid.forward_packed(features), hw)
+
+    @staticmethod
+    def from_pyramid(pyramid: OrderedDict[str, Tensor], size: Sequence[int]) -> dict[str, Any]:
+        """What `detect` and `per_image_loss` read, from a pyramid of any source (packed tokens, or
+        timm's uniform grid in `DenseModel.forward_uniform`) for inputs of ``size`` (H, W)."""
+        batch = next(iter(pyramid.values())).shape[0]
+        return {"features": pyramid, "image_sizes": [tuple(size)] * batch}
 
     @contextmanager
     def _full_precision(self, outputs: dict[str, Any]) -> Iterator[OrderedDict[str, Tensor]]:

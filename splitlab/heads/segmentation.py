@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,7 +112,14 @@ class SegmentationHead(nn.Module):
 
     def forward(self, features: PackedFeatures) -> dict[str, Tensor]:
         """``logits`` at stride 4 (and ``aux`` logits while training)."""
-        inputs = list(self.pyramid.forward_packed(features).values())
+        return self.from_pyramid(self.pyramid.forward_packed(features))
+
+    def from_pyramid(
+        self, pyramid: OrderedDict[str, Tensor], size: Sequence[int] | None = None
+    ) -> dict[str, Tensor]:
+        """The decode head (and the auxiliary one while training) on a pyramid of any source (packed
+        tokens, or timm's uniform grid in `DenseModel.forward_uniform`); ``size`` is the detector's."""
+        inputs = list(pyramid.values())
         out = {"logits": self.decode(inputs)}
         if self.aux is not None and self.training:
             out["aux"] = self.aux(inputs)

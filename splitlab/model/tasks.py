@@ -104,6 +104,24 @@ class DenseModel(SplitModel):
     def backbone_indices(self) -> list[int]:
         return self.head.pyramid.indices
 
+    def uniform_grids(self, images: Tensor) -> list[Tensor]:
+        """timm's own forward on the uniform grid: the head's blocks as ``(B, D, H, W)`` grids, before
+        the final norm, as the packed path hands them over (`pyramid_grids`): views of the tokens in
+        their own order (channels last). timm's ``NCHW`` copies them to channels first, which made
+        the pyramid's convolutions 23% slower on CPU (457 against 370 ms per 1024-px image, ViT-B)
+        and would credit SPLIT with a memory format."""
+        h, w = (side // self.backbone.patch_size for side in images.shape[-2:])
+        tokens = self.backbone.model.forward_intermediates(
+            images, indices=self.backbone_indices(), output_fmt="NLC", intermediates_only=True
+        )
+        return [x.reshape(x.shape[0], h, w, x.shape[-1]).permute(0, 3, 1, 2) for x in tokens]
+
+    def forward_uniform(self, images: Tensor) -> Any:
+        """The same model on timm's uniform grid, with no tokenizer: what SPLIT replaces, and what
+        ``splitlab bench --task`` measures it against (equal to every patch at the finest level)."""
+        pyramid = self.head.pyramid(self.uniform_grids(images))
+        return self.head.from_pyramid(pyramid, tuple(images.shape[-2:]))
+
 
 class SplitDetector(DenseModel):
     """Detection: feature pyramid + torchvision's Faster / Mask R-CNN heads (`DetectionHead`).
@@ -139,18 +157,26 @@ class SplitDetector(DenseModel):
         return self.names[label - 1] if self.names and 0 < label <= len(self.names) else str(label)
 
     def results(self, outputs: dict[str, Any], placements: Sequence[Placement], **_: Any) -> list[dict]:
+        return self.finish(self.head.detect(outputs), placements)
+
+    def finish(self, detections: Sequence[dict[str, Tensor]], placements: Sequence[Placement]) -> list[dict]:
+        """Detections (`DetectionHead.detect`) in the input images' pixels; a Mask R-CNN's masks pasted
+        into the image and encoded as COCO's run-length ``segmentations``."""
         out = []
-        for det, place in zip(self.head.detect(outputs), placements, strict=True):
+        for det, place in zip(detections, placements, strict=True):
             labels = det["labels"].tolist()
-            out.append(
-                {
-                    "boxes": place.boxes_to_input(det["boxes"]).tolist(),
-                    "scores": det["scores"].float().tolist(),
-                    "labels": labels,
-                    "category_ids": [self.category_id(x) for x in labels],
-                    "names": [self.name_of(x) for x in labels],
-                }
-            )
+            record = {
+                "boxes": place.boxes_to_input(det["boxes"]).tolist(),
+                "scores": det["scores"].float().tolist(),
+                "labels": labels,
+                "category_ids": [self.category_id(x) for x in labels],
+                "names": [self.name_of(x) for x in labels],
+            }
+            if "masks" in det:
+                record["segmentations"] = instance_masks(
+                    det["masks"], det["boxes"], place, self.backbone.img_size
+                )
+            out.append(record)
         return out
 
     def one_image(self, outputs: dict[str, Any], index: int) -> dict[str, Any]:
@@ -159,6 +185,28 @@ class SplitDetector(DenseModel):
             "features": OrderedDict((k, v[index : index + 1]) for k, v in outputs["features"].items()),
             "image_sizes": outputs["image_sizes"][index : index + 1],
         }
+
+
+def instance_masks(
+    masks: Tensor, boxes: Tensor, place: Placement, network: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Mask R-CNN's ``(N, 1, 28, 28)`` box masks pasted into the network input (torchvision's
+    `paste_masks_in_image`), cut out of the letterbox, resized to the input image, thresholded at 0.5
+    and run-length encoded (pycocotools; the ``segmentation`` of a COCO results entry)."""
+    import numpy as np
+    from pycocotools import mask as coco_mask
+    from torchvision.models.detection.roi_heads import paste_masks_in_image
+
+    if masks.shape[0] == 0:
+        return []
+    pasted = paste_masks_in_image(masks.float(), boxes.float(), tuple(network))[:, 0]
+    h, w = place.resized
+    region = pasted[:, place.top : place.top + h, place.left : place.left + w]
+    if (h, w) != (place.height, place.width):
+        region = F.interpolate(region[None], size=(place.height, place.width), mode="bilinear")[0]
+    binary = (region > 0.5).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    encoded = coco_mask.encode(np.asfortranarray(binary))
+    return [{"size": e["size"], "counts": e["counts"].decode("ascii")} for e in encoded]
 
 
 class SplitSegmenter(DenseModel):

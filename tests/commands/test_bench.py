@@ -279,7 +279,7 @@ def test_bench_train_times_each_stage_from_a_fit(tmp_path, capsys) -> None:
 
 
 def test_bench_train_refuses_what_it_does_not_time() -> None:
-    with pytest.raises(ValueError, match="--train times a fresh timm model"):
+    with pytest.raises(ValueError, match="--train times a fresh timm classifier"):
         run(["bench", "--train", "--model", "test_vit", "--ckpt", "run/last.ckpt"])
 
 

@@ -163,3 +163,58 @@ def test_a_transferred_demo_names_the_run_its_policy_comes_from(tmp_path, capsys
     assert stop.value.code == 2
     assert "--policy transferred and --policy-checkpoint RUN go together" in capsys.readouterr().err
     assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize("reach", ["split", "both"])
+def test_overrides_reach_the_split_stage_or_both(tmp_path, monkeypatch, reach) -> None:
+    """`splitlab demo --model.init_args.budget 0.3`: the SPLIT stage trains at that budget on the
+    dense backbone as the twin trains it, or (``--overrides-reach both``) the dense stage takes it too."""
+    from types import SimpleNamespace
+
+    import splitlab.cli
+
+    finished_demo(tmp_path / "demo")
+    stages: dict[str, list[str]] = {}
+
+    def fake_fit(args):
+        stage = "pretrain" if any("version=pretrain" in a for a in args) else "split"
+        stages[stage] = list(args)
+        if stage == "split":
+            raise Started
+        return SimpleNamespace(trainer=SimpleNamespace(callbacks=[]))
+
+    monkeypatch.setattr(splitlab.cli, "lightning_main", fake_fit)
+    given = ["--model.init_args.budget", "0.3", "--trainer.max_epochs=1"]
+    with pytest.raises(Started):
+        main(["demo", "--out", str(tmp_path / "demo"), "--overrides-reach", reach, *given])
+    wanted = ["--model.init_args.budget=0.3", "--trainer.max_epochs=1"]
+    assert all(w in stages["split"] for w in wanted)
+    assert all(w in stages["pretrain"] for w in wanted) == (reach == "both")
+    # the SPLIT stage's overrides come after every --config, so no recipe resets them
+    last_config = max(i for i, a in enumerate(stages["split"]) if a == "--config")
+    assert min(stages["split"].index(w) for w in wanted) > last_config
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--budget=0.3"],
+            "unknown arguments ['--budget=0.3']: only --config, --data.*, --model.*, --trainer.* overrides",
+        ),
+        (
+            ["--overrides-reach", "both", "--model.init_args.budget=0.3"],
+            "holds a finished dense backbone, which this demo would reuse as it was trained",
+        ),
+    ],
+    ids=["not-an-override", "both-onto-a-trained-backbone"],
+)
+def test_overrides_that_cannot_be_passed_on_are_refused(tmp_path, capsys, argv, message) -> None:
+    finished_demo(tmp_path / "demo")
+    (tmp_path / "demo" / "pretrain").mkdir()
+    (tmp_path / "demo" / "pretrain" / ".complete").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        main(["demo", "--out", str(tmp_path / "demo"), *argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
