@@ -161,7 +161,7 @@ def test_what_splitlab_and_lightning_write_reads_weights_only(run, tmp_path) -> 
     torch.save(checkpoint, path)
     assert isinstance(read_checkpoint(path, "ckpt_path")["hyper_parameters"]["ppo"], PPOConfig)
     task = load_task(path)
-    assert isinstance(task.ppo, PPOConfig) and task.stage == checkpoint["splitlab"]["stage"]
+    assert isinstance(task.hparams.ppo, PPOConfig) and task.stage == checkpoint["splitlab"]["stage"]
     assert splitlab.load(path).names == splitlab.load(run).names
 
 

@@ -360,6 +360,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         **overheads(parts),
         **resources(run_uniform, run_split, device),
         "policy_cut": cut,
+        "holds": model.holds() if cfg.ckpt else None,  # what the checkpoint's policy is (`SplitModel.holds`)
     }
     result["speedup_over_ideal"] = result["speedup"] / result["ideal_speedup"]
     # the typical pair's: on a shared host a burst of other work slows a few pairs, which the

@@ -365,6 +365,7 @@ def run_dense(
         else f"cpu ({torch.get_num_threads()} threads)",
         "attn_backend": backend,
         "policy_cut": cut,
+        "holds": model.holds() if cfg.ckpt else None,
         "dense": result,
     }
 
@@ -376,4 +377,5 @@ def format_dense_run(record: dict[str, Any]) -> str:
         f"{cfg['model']} @ {cfg['img_size'][0]} px, levels {tuple(cfg['levels'])}, budget {cfg['budget']:g}; "
         f"{record['device_name']} / {cfg['dtype']} / batch {cfg['batch_size']} / {record['attn_backend']}"
     )
-    return head + "\n" + format_dense(record["dense"])
+    held = f"\ncheckpoint holds {record['holds']}" if record.get("holds") else ""
+    return head + held + "\n" + format_dense(record["dense"])

@@ -21,6 +21,7 @@ def _speed_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             "model",
             f"{cfg['model'] if not cfg['ckpt'] else cfg['ckpt']} @ {cfg['img_size'][0]} px, levels {tuple(cfg['levels'])}",
         ),
+        *([("checkpoint holds", r["holds"])] if r.get("holds") else []),
         ("device / dtype / batch", f"{r['device_name']} / {cfg['dtype']} / {cfg['batch_size']}"),
         ("attention backend", r["attn_backend"]),
         (

@@ -60,7 +60,8 @@ def main(args: argparse.Namespace) -> int:
     note = f" ({done.skipped} unreadable file(s) skipped)" if done.skipped else ""
     print(
         f"calibrated on {done.images} image(s){note}: mean token fraction at budget {done.budget:g} "
-        f"{done.before:.3f} before, {done.after:.3f} now on these images; {expectation(done)}; saved {out}"
+        f"{done.before:.3f} before, {done.after:.3f} now on these images; {expectation(done)}; saved {out} "
+        f"({model.holds()})"
     )
     return 0
 

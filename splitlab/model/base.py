@@ -24,6 +24,9 @@ from splitlab.model.hub import HubWeights
 from splitlab.model.preprocess import Preprocessing
 from splitlab.tokenizer import (
     BASELINES,
+    DECISION_CONTEXTS,
+    DECISION_DIM,
+    DECISION_HEADS,
     Levels,
     SplitTokenizer,
     TokenLayout,
@@ -39,9 +42,6 @@ POLICIES = ("learned", "uniform", "entropy", "random")
 TRAINED_POLICIES = ("learned", "entropy", "random", "transferred")
 # the policy a trained one deploys where the two differ: a transferred policy is a learned one
 DEPLOYS = {"transferred": "learned"}
-# what the decision of a patch reads besides the patch: its 4 children (the paper's), or also every
-# finest patch under it (`splitlab.tokenizer.SplitDecision`)
-DECISION_CONTEXTS = ("children", "descendants")
 # the settings every SplitModel has (config.json's top level), with their defaults
 COMMON: dict[str, Any] = {
     "backbone": "vit_tiny_patch16_224",
@@ -49,9 +49,9 @@ COMMON: dict[str, Any] = {
     "checkpoint_path": "",
     "backbone_kwargs": {},
     "levels": None,
-    "decision_dim": 128,
-    "decision_heads": 4,
-    "decision_context": "children",
+    "decision_dim": DECISION_DIM,
+    "decision_heads": DECISION_HEADS,
+    "decision_context": DECISION_CONTEXTS[0],
     "budget": 0.7,
     "budget_points": None,
     "max_fraction": None,

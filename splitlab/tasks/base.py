@@ -15,12 +15,11 @@ from torchmetrics import MetricCollection
 
 from splitlab.backbone import PackedViT
 from splitlab.lightning_private import attached_trainer
-from splitlab.metrics import PolicyStats
 from splitlab.model import SplitModel
 from splitlab.model.base import DEPLOYS
 from splitlab.rl import BudgetSampler, FractionController, PPOConfig
 from splitlab.tasks.calibration import Calibration
-from splitlab.tasks.evaluation import PolicyEvaluation, slot
+from splitlab.tasks.evaluation import PolicyEvaluation
 from splitlab.tasks.logic import LossInputs, TaskLogic, own_settings
 from splitlab.tasks.settings import (
     GROUPS,
@@ -145,7 +144,6 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         self.automatic_optimization = False
         options = hp.policy_options
         check_policy(policy, budget_range, options.policy_checkpoint, options.transfer_finetune)
-        self.ppo = hp.ppo
         self.stage: Stage = "warm_start"
         self.ppo_steps = 0  # PPO updates run so far (checkpointed): a policy with none only imitated
         self.sampling = SamplingStream(options.sampling_seed)
@@ -199,14 +197,6 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     def budget(self) -> float:
         """The budget training aims at and inference deploys: the model's (one copy, kept there)."""
         return self.model.budget
-
-    def configure_metrics(self) -> None:
-        """Per-policy metric collections for validation and test (one per policy and evaluation budget)."""
-        for split in ("val", "test"):
-            stats = nn.ModuleDict(
-                {slot(name): PolicyStats(self.build_metrics()) for name in self.policy_names()}
-            )
-            setattr(self, f"{split}_stats", stats)
 
     def build_metrics(self) -> MetricCollection:
         """A fresh metric collection of the task (keys are metric names, one is `metric_name`)."""

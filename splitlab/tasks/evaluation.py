@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor
+from torch import Tensor, nn
 
-from splitlab.metrics import timed
+from splitlab.metrics import PolicyStats, timed
 from splitlab.report import format_table, summary_record, write_summary
 from splitlab.tokenizer import TokenLayout, annotation_labels, gain_labels
 from splitlab.training import autograd_ready
@@ -36,6 +36,19 @@ class PolicyEvaluation:
     `describe_prediction`) are its ``logic``'s.
     """
 
+    def configure_metrics(self) -> None:
+        """Per-policy metric collections for validation and test (one per policy and evaluation budget)."""
+        self.val_stats = self.policy_stats()
+        self.test_stats = self.policy_stats()
+
+    def policy_stats(self) -> nn.ModuleDict:
+        """A `PolicyStats` per evaluated policy (and budget), by its slot."""
+        return nn.ModuleDict({slot(name): PolicyStats(self.build_metrics()) for name in self.policy_names()})
+
+    def stats_of(self, split: str) -> nn.ModuleDict:
+        """The metric stores of ``val`` or ``test``."""
+        return {"val": self.val_stats, "test": self.test_stats}[split]
+
     def policy_names(self) -> list[str]:
         """Rows of the comparison: the learned policy and each baseline, then the same at every
         further evaluation budget (the uniform grid has no budget: it appears once)."""
@@ -60,7 +73,7 @@ class PolicyEvaluation:
 
     def _eval_step(self, batch: Any, batch_idx: int, split: str) -> dict[str, Any]:
         images, targets = self.unpack_batch(batch)
-        stats = getattr(self, f"{split}_stats")
+        stats = self.stats_of(split)
         full = self.evaluates_baselines()
         extra = full and self.deployed_policy == "learned"
         budgets = [self.budget, *(self.extra_budgets if extra else ())]
@@ -161,7 +174,7 @@ class PolicyEvaluation:
         return self._eval_step(batch, batch_idx, "test")
 
     def _eval_epoch_end(self, split: str) -> None:
-        stats = getattr(self, f"{split}_stats")
+        stats = self.stats_of(split)
         results = {}
         for policy in self.policy_names():
             stat = stats[slot(policy)]

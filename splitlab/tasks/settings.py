@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, TypeVar
 
-from splitlab.tokenizer import BASELINES
+from splitlab.tokenizer import BASELINES, DECISION_CONTEXTS, DECISION_DIM, DECISION_HEADS
 from splitlab.tokenizer.baselines import APT_SEARCHES
 
 # the oracles read the targets (``oracle``: the annotations' cells; ``loss_oracle``: each split's worth
@@ -49,9 +49,9 @@ class TokenizerSettings:
     """
 
     levels: list[int] | None = None
-    decision_dim: int = 128
-    decision_heads: int = 4
-    decision_context: str = "children"
+    decision_dim: int = DECISION_DIM
+    decision_heads: int = DECISION_HEADS
+    decision_context: str = DECISION_CONTEXTS[0]
 
     def __post_init__(self) -> None:  # the model checks decision_context (config.json's own check)
         if self.levels is not None:

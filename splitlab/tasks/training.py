@@ -209,8 +209,8 @@ class StageTraining(Optimization):
         labels are the oracle's (``label_source: annotations``) and 0 where they are estimated: anchored to
         embedding-difference labels the classification twin without annotations kept 0.878-0.885 top-1 at
         half the tokens, unanchored 0.983-0.997 (uniform 0.995-1.0, 3 seeds; docs/oracle.md)."""
-        if self.ppo.imitation is not None:
-            return float(self.ppo.imitation)
+        if self.hparams.ppo.imitation is not None:
+            return float(self.hparams.ppo.imitation)
         return 1.0 if self.hparams.warm_start.label_source == "annotations" else 0.0
 
     def imitation_labels(
@@ -268,14 +268,14 @@ class StageTraining(Optimization):
 
     def kl_stop(self, epoch: int, approx_kl: Tensor) -> bool:
         """Whether PPO's ``target_kl`` ends the batch's policy epochs (the same decision on every rank)."""
-        target = self.ppo.target_kl
+        target = self.hparams.ppo.target_kl
         return target is not None and epoch > 0 and float(self.mean_over_ranks(approx_kl)) > 1.5 * target
 
     def ppo_step(self, images: Tensor, targets: Any, batch: Any = None) -> dict[str, Tensor]:
         """Roll out sampled layouts, score them with the frozen model, update the policy K times."""
         _, policy_opt = self.optimizers()
         self.set_policy_lr("ppo")
-        cfg = self.ppo
+        cfg = self.hparams.ppo
         samples = cfg.samples
         point, budget = self.step_budget()
         with torch.no_grad():

@@ -19,7 +19,7 @@ from splitlab.tokenizer.baselines import (
     patch_entropy,
     random_split_rate,
 )
-from splitlab.tokenizer.decision import SplitDecision
+from splitlab.tokenizer.decision import DECISION_CONTEXTS, DECISION_DIM, DECISION_HEADS, SplitDecision
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed
 from splitlab.tokenizer.labels import (
     LabelEmbedding,
@@ -46,6 +46,9 @@ from splitlab.tokenizer.quadtree import (
 from splitlab.tokenizer.tokenizer import MODES, SplitTokenizer
 
 __all__ = [
+    "DECISION_CONTEXTS",
+    "DECISION_DIM",
+    "DECISION_HEADS",
     "BASELINES",
     "MODES",
     "EmbeddingSource",

@@ -8,6 +8,14 @@ import torch
 from timm.layers import Mlp
 from torch import Tensor, nn
 
+# the decision module's defaults, written here once (the tokenizer, the model's config.json and the
+# task's `TokenizerSettings` take them from here)
+DECISION_DIM = 128
+DECISION_HEADS = 4
+# what a patch's decision reads besides the patch: its 4 children (the paper's), or also every finest
+# patch under it
+DECISION_CONTEXTS = ("children", "descendants")
+
 
 class SplitDecision(nn.Module):
     """p(split) for each candidate parent from the parent and its four children.
@@ -35,8 +43,8 @@ class SplitDecision(nn.Module):
     def __init__(
         self,
         embed_dim: int,
-        dim: int = 128,
-        num_heads: int = 4,
+        dim: int = DECISION_DIM,
+        num_heads: int = DECISION_HEADS,
         mlp_ratio: float = 2.0,
         budget_conditioned: bool = False,
         see_descendants: bool = False,

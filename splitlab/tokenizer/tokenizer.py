@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import splitlab.tokenizer.policy as policy
-from splitlab.tokenizer.decision import SplitDecision
+from splitlab.tokenizer.decision import DECISION_DIM, DECISION_HEADS, SplitDecision
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed, child_mask, space_to_depth
 from splitlab.tokenizer.layout import TokenLayout
 from splitlab.tokenizer.levels import Levels
@@ -73,8 +73,8 @@ class SplitTokenizer(nn.Module):
         self,
         embed_dim: int,
         levels: Sequence[int] | Levels,
-        decision_dim: int = 128,
-        decision_heads: int = 4,
+        decision_dim: int = DECISION_DIM,
+        decision_heads: int = DECISION_HEADS,
         budget_points: Sequence[float] = (),
         see_descendants: bool = False,
     ) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from splitlab.commands import TOOLS, run
 from splitlab.commands.bench import BenchConfig, run_bench
-from splitlab.commands.bench_table import bench_table
+from splitlab.commands.bench_table import bench_table, format_bench
 
 
 def test_bench_reports_every_key(tmp_path) -> None:
@@ -177,6 +177,9 @@ def test_bench_from_a_checkpoint(shapes_root, tmp_path) -> None:
     )
     assert result["config"]["levels"] == [32, 16, 8]
     assert result["policy_cut"] is None  # the trained policy decides, at its own budget
+    # a warm start without PPO: timed as it is, and said to be what it is
+    assert result["holds"].startswith("policy imitation (training stopped in its warm start")
+    assert "checkpoint holds" in format_bench(result)
     assert result["token_fraction"] == pytest.approx(0.5, abs=0.1) and result["ideal_speedup"] > 1.0
     larger = run_bench(  # the checkpoint at another input size: both paths run at it
         BenchConfig(

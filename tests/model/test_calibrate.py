@@ -112,6 +112,7 @@ def test_the_command_writes_a_calibrated_model_that_predict_then_serves(scenes, 
         stop.value.code == 0
         and f"calibrated on {PER_FOLDER} image(s): mean token fraction at budget 0.5" in said
         and "on new images of this kind expect 0." in said
+        and "(policy learned, cuts calibrated for budget 0.3, 0.4, 0.5, 0.6, 0.7)" in said  # what it holds
     )
     assert mean_fraction(load(tmp_path / "cut"), held_out) == pytest.approx(0.5, abs=0.03)
     with pytest.raises(SystemExit) as stop:  # the calibrated model is never written over
