@@ -13,7 +13,7 @@ import argparse
 import copy
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -23,26 +23,16 @@ import timm
 import torch
 from torch import Tensor
 
-from splitlab.backbone import backbone_flops
-from splitlab.commands.allocator import keep_freed_memory, minor_page_faults
-from splitlab.commands.arguments import (
-    count,
-    device_name,
-    fraction,
-    output_file,
-    positive_int,
-    positive_int_list,
-)
+from splitlab.commands.allocator import keep_freed_memory
+from splitlab.commands.bench_args import add_parser as add_parser  # the options, read here by TOOLS
 from splitlab.commands.bench_dense import format_dense_run, run_dense
+from splitlab.commands.bench_measures import DTYPES, breakdown, overheads, resources, speeds, token_costs
 from splitlab.commands.bench_table import format_bench, format_sweep
-from splitlab.metrics import interleaved, pair_spread, synchronize, timed
+from splitlab.metrics import interleaved
 from splitlab.model import Preprocessing, SplitClassifier, SplitModel, load
 from splitlab.model.calibrate import fit_cuts
 from splitlab.model.predict import image_files
 from splitlab.model.tasks import DenseModel
-from splitlab.tokenizer import build_layout
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -151,71 +141,6 @@ def calibrate_policy(model: SplitModel, images: Tensor, budget: float) -> float:
     return float(points.cut(torch.tensor([budget], device=points.cuts.device))[0])
 
 
-def _host_syncs(fn: Callable[[], Any], device: torch.device) -> int | None:
-    """Device-to-host synchronisations of one call (CUDA's sync debug mode counts them; None on CPU)."""
-    if device.type != "cuda":
-        return None
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
-
-
-def _page_faults(fn: Callable[[], Any], device: torch.device) -> int | None:
-    """Minor page faults of one call on CPU: fresh memory written for the first time (None on CUDA,
-    where activations live in the caching allocator, and where the system does not count them)."""
-    before = minor_page_faults() if device.type == "cpu" else None
-    if before is None:
-        return None
-    fn()
-    return minor_page_faults() - before
-
-
-def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
-    """MiB one batch adds at its peak over what was allocated before it (activations and
-    workspace; weights and the input excluded, so that ``--compile``'s copy of the uniform model
-    counts against neither path)."""
-    if device.type != "cuda":
-        return None  # no per-path peak on CPU without an allocator hook; reported on CUDA
-    synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    synchronize(device)
-    return (torch.cuda.max_memory_allocated(device) - before) / 2**20
-
-
-@torch.inference_mode()
-def breakdown(model: SplitModel, images: Tensor, iters: int, device: torch.device) -> dict[str, float]:
-    """Seconds per batch in embed / decide / walk / backbone: the deployed path's steps one by one
-    (instrumented pass, syncs between parts); and ``patch_embed``, the finest level's patch
-    embedding alone: part of embed, and work timm's uniform forward does too."""
-    parts = dict.fromkeys(("patch_embed", "embed", "decide", "walk", "backbone"), 0.0)
-    tokenizer, backbone = model.tokenizer, model.backbone
-    for _ in range(iters):
-        with timed(device) as patch_embed:
-            backbone.embed_patches(images)
-        with timed(device) as embed:
-            tokens, _ = tokenizer.embed(images, backbone)
-        with timed(device) as decide:
-            decisions, logits = tokenizer.decide(
-                tokens, "threshold", budget=model.budget, max_tokens=model.max_tokens
-            )
-        with timed(device) as walk:
-            layout = build_layout(tokens, decisions, tokenizer.levels, logits)
-        with timed(device) as run_backbone:
-            backbone.forward_head(backbone(layout))
-        for key, elapsed in zip(parts, (patch_embed, embed, decide, walk, run_backbone), strict=True):
-            parts[key] += elapsed() / iters
-    return parts
-
-
 def check_config(cfg: BenchConfig) -> None:
     """Refuse settings that cannot be measured before any model is built, naming the option."""
     if cfg.dtype not in DTYPES:
@@ -258,64 +183,6 @@ def uniform_model(model: SplitModel, img_size: Sequence[int], compiled: bool) ->
         for block in backbone.model.blocks:
             block.compile(dynamic=True)
     return uniform
-
-
-def speeds(times_uniform: Sequence[float], times_split: Sequence[float], batch_size: int) -> dict[str, Any]:
-    """Throughput, speed-up (with the spread of its timed pairs) and latency of the interleaved passes."""
-    t_uniform, t_split = sum(times_uniform), sum(times_split)
-    images_done = batch_size * len(times_uniform)
-    return {
-        "throughput_uniform": images_done / t_uniform,
-        "throughput_split": images_done / t_split,
-        "speedup": t_uniform / t_split,
-        "speedup_spread": pair_spread(times_uniform, times_split),
-        "latency_ms_per_image_uniform": 1e3 * t_uniform / images_done,
-        "latency_ms_per_image_split": 1e3 * t_split / images_done,
-    }
-
-
-def token_costs(model: SplitModel, layout: Any, batch_size: int) -> dict[str, Any]:
-    """Tokens and backbone FLOPs of the uniform grid and of the deployed layout, and their ratio (the
-    ideal speed-up)."""
-    backbone = model.backbone
-    prefix = backbone.num_prefix_tokens
-    finest = layout.grid_size[0] * layout.grid_size[1]
-    flops_uniform = backbone_flops(backbone.model, [finest + prefix] * batch_size)
-    flops_split = backbone_flops(backbone.model, [n + prefix for n in layout.seqlens])
-    return {
-        "ideal_speedup": flops_uniform / flops_split,
-        "token_fraction": float(layout.fraction.mean()),
-        "tokens_uniform": finest,
-        "tokens_split_mean": sum(layout.seqlens) / len(layout.seqlens),
-        "gflops_uniform_per_image": flops_uniform / batch_size / 1e9,
-        "gflops_split_per_image": flops_split / batch_size / 1e9,
-    }
-
-
-def overheads(parts: dict[str, float]) -> dict[str, Any]:
-    """The instrumented pass's parts in ms, and what the tokenizer costs against the backbone."""
-    return {
-        "time_ms": {k: v * 1e3 for k, v in parts.items()},
-        "overhead_fraction": (parts["embed"] + parts["decide"] + parts["walk"]) / parts["backbone"],
-        # what SPLIT runs beyond the uniform forward: its own patch embedding is work timm does too
-        "overhead_beyond_uniform_fraction": (
-            parts["embed"] - parts["patch_embed"] + parts["decide"] + parts["walk"]
-        )
-        / parts["backbone"],
-    }
-
-
-def resources(
-    run_uniform: Callable[[], Any], run_split: Callable[[], Any], device: torch.device
-) -> dict[str, Any]:
-    """Peak memory, host syncs and page faults of one batch of each path (None where not measured)."""
-    return {
-        "peak_memory_mib_uniform": _peak_memory(run_uniform, device),
-        "peak_memory_mib_split": _peak_memory(run_split, device),
-        "host_syncs_per_batch": _host_syncs(run_split, device),
-        "page_faults_per_batch_uniform": _page_faults(run_uniform, device),
-        "page_faults_per_batch_split": _page_faults(run_split, device),
-    }
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
@@ -452,102 +319,6 @@ def bench_vqa(
         "images_per_second_split": images_done / t_split,
         "speedup": t_uniform / t_split,
     }
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="SPLIT throughput against timm's uniform grid on the same batch")
-    p.add_argument(
-        "--model",
-        default=None,
-        help="timm model name, random init (default vit_base_patch16_224; with --task or --config the "
-        "recipe's backbone)",
-    )
-    dense = p.add_mutually_exclusive_group()
-    dense.add_argument(
-        "--task",
-        choices=("detection", "segmentation"),
-        default=None,
-        help="the whole detector (tasks/coco.yaml) or segmenter (tasks/ade20k.yaml): images in, boxes and "
-        "pasted masks or per-pixel classes out, against the same model on the uniform grid, part by part, "
-        "with the Amdahl ideal (splitlab.commands.bench_dense); --model swaps the recipe's backbone",
-    )
-    dense.add_argument(
-        "--config",
-        dest="recipe",
-        action="append",
-        default=None,
-        help="as --task, from this detection or segmentation recipe (repeat to overlay, as lightning fit)",
-    )
-    p.add_argument("--img-size", type=positive_int, default=None, help="image side (default: the model's)")
-    p.add_argument("--patch-size", type=positive_int, default=None, help="patch size (default: the model's)")
-    p.add_argument(
-        "--batch-size", type=positive_int, default=None, help="default 8 (2 with --task or --config)"
-    )
-    p.add_argument(
-        "--batch-sizes",
-        type=positive_int_list,
-        default=None,
-        help="a sweep, e.g. 1,8,32,64: one row per batch size (speed-up and its spread, ideal, overhead, latency)",
-    )
-    p.add_argument(
-        "--min-seconds",
-        type=float,
-        default=None,
-        help="time each path at least this long per batch size (default: 0, or 20 in a sweep)",
-    )
-    p.add_argument(
-        "--dtype", default="float32", choices=sorted(DTYPES), help="autocast dtype (float32: none)"
-    )
-    p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.add_argument("--levels", type=positive_int, nargs="+", default=None, help="patch sizes coarse to fine")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--ckpt", default=None, help="a trained SPLIT checkpoint (its policy decides)")
-    source.add_argument(
-        "--budget",
-        type=fraction,
-        default=None,
-        help="the budget: token fraction of a calibrated layout (default 0.7)",
-    )
-    p.add_argument("--images", default=None, help="a folder of images to use instead of random noise")
-    p.add_argument(
-        "--predict",
-        action="store_true",
-        help="also time the end-to-end predict path (decode, preprocess, model, results) on the --images "
-        "files against the same loader with timm's model (classification models)",
-    )
-    p.add_argument("--workers", type=count, default=1, help="--predict: decoding workers")
-    p.add_argument(
-        "--train",
-        action="store_true",
-        help="time training instead: one step of each stage (dense, warm start, PPO and its rollouts) per "
-        "image, from a real fit on one repeated batch of random images (splitlab.commands.bench_train)",
-    )
-    p.add_argument(
-        "--dense-ideal",
-        action="store_true",
-        help="also time timm's blocks on a dense batch of SPLIT's mean length against the uniform grid's: "
-        "the speed-up this hardware allows that many tokens (splitlab.commands.bench_ideal)",
-    )
-    p.add_argument(
-        "--system-malloc",
-        action="store_true",
-        help="keep glibc's defaults, which give freed memory back and fault it in again on the next batch "
-        "(by default bench keeps it, as splitlab predict does: splitlab.commands.allocator)",
-    )
-    p.add_argument("--warmup", type=count, default=2)
-    p.add_argument("--iters", type=positive_int, default=5)
-    p.add_argument("--attn-backend", default="auto")
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile: timm's model whole (static shapes), SPLIT's blocks (dynamic); with --lm both paths run the per-block compile",
-    )
-    p.add_argument("--json", type=output_file, default=None, help="also write the numbers to this file")
-    p.add_argument(
-        "--lm",
-        default=None,
-        help="also time the VQA path: ViT + projector + this LM's prefill (a hub name, a folder, or a JSON config)",
-    )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -39,7 +39,7 @@ class FractionController(nn.Module):
         gain: proportional gain k_p (0, with ``damping`` 0, gives the plain dual update).
         damping: derivative gain k_d.
         smoothing: EMA factor of the error (0 = no smoothing).
-        lambda_init: starting λ.
+        init: starting λ (``controller.init`` of a task's settings: one name for it).
         lambda_max: cap on the integral term.
         reduce: maps a local scalar tensor to its mean over ranks (identity on one process).
     """
@@ -51,7 +51,7 @@ class FractionController(nn.Module):
         gain: float = 0.5,
         damping: float = 0.0,
         smoothing: float = 0.5,
-        lambda_init: float = 0.0,
+        init: float = 0.0,
         lambda_max: float = 10.0,
         reduce: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
@@ -62,7 +62,7 @@ class FractionController(nn.Module):
         self.smoothing, self.lambda_max = float(smoothing), float(lambda_max)
         self.reduce = reduce
         k = len(budgets)
-        self.register_buffer("integral", torch.full((k,), float(lambda_init)))
+        self.register_buffer("integral", torch.full((k,), float(init)))
         self.register_buffer("error", torch.zeros(k))
         self.register_buffer("change", torch.zeros(k))
         self.register_buffer("steps", torch.zeros(k, dtype=torch.long))

@@ -172,7 +172,7 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
             hp.controller.lr,
             hp.controller.gain,
             hp.controller.damping,
-            lambda_init=hp.controller.init,
+            init=hp.controller.init,
             reduce=self.mean_over_ranks,
         )
 

@@ -43,7 +43,8 @@ class Optimization:
     def configure_optimizers(self) -> Any:
         hp = self.hparams
         decay, no_decay = [], []
-        skip = {f"model.{n}" for n in getattr(self.backbone.model, "no_weight_decay", lambda: set())()}
+        timm_model = self.backbone.model  # timm's own list of parameters without weight decay, if any
+        skip = {f"model.{n}" for n in getattr(timm_model, "no_weight_decay", lambda: set())()}
         for module in self.task_modules():
             for name, param in module.named_parameters():
                 (no_decay if param.ndim <= 1 or name in skip or "level_embed" in name else decay).append(

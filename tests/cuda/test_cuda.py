@@ -123,7 +123,7 @@ MEMORY_SLACK_MIB = 2.0
 @pytest.mark.parametrize("fraction", [0.5, 0.7, 1.0])
 def test_split_needs_no_more_memory_than_the_uniform_grid(fraction) -> None:
     """What one bf16 batch of 32 ViT-B/16 images adds at its peak over what was allocated before it,
-    as `splitlab bench` measures it (`_peak_memory`: weights and input excluded; under inference
+    as `splitlab bench` measures it (`peak_memory`: weights and input excluded; under inference
     mode autocast caches no bf16 copies of the weights, it casts each as it is used): timm's
     ``forward_features`` against SPLIT's tokenizer and packed blocks, both ending at the final norm
     (no head on either side). Each path runs once first, so one-time allocations (cuBLAS
@@ -133,7 +133,7 @@ def test_split_needs_no_more_memory_than_the_uniform_grid(fraction) -> None:
     its small index tensors (levels, boxes, cover: ~0.5 MiB here). At f = 1 the layout also still
     holds its tokens, (B·N, D) float32, while the blocks run on the packed copy: that copy is
     allowed there only."""
-    from splitlab.commands.bench import _peak_memory
+    from splitlab.commands.bench_measures import peak_memory
 
     backbone = PackedViT("vit_base_patch16_224").to(CUDA).eval()
     tokenizer = SplitTokenizer(backbone.embed_dim, (32, 16)).to(CUDA).eval()
@@ -153,9 +153,9 @@ def test_split_needs_no_more_memory_than_the_uniform_grid(fraction) -> None:
     copy_mib = tokens.numel() * tokens.element_size() / 2**20 if fraction == 1.0 else 0.0
     del tokens
     torch.cuda.empty_cache()
-    peak_uniform = _peak_memory(uniform, CUDA)
+    peak_uniform = peak_memory(uniform, CUDA)
     torch.cuda.empty_cache()
-    peak_split = _peak_memory(split, CUDA)
+    peak_split = peak_memory(split, CUDA)
     assert peak_split <= peak_uniform + copy_mib + MEMORY_SLACK_MIB, (
         f"fraction {fraction}: SPLIT adds {peak_split:.1f} MiB at its peak, timm's forward_features "
         f"{peak_uniform:.1f} MiB (allowed: + {copy_mib:.1f} MiB layout copy + {MEMORY_SLACK_MIB:g} MiB slack)"
