@@ -6,8 +6,9 @@ The two stages of the paper, written out with splitlab's plain-torch parts:
    (`warm_start_labels`) while the backbone and head fine-tune on those mixed-resolution layouts;
 2. PPO: backbone and head frozen, the policy samples layouts (`tokenize(..., "sample")`), each
    scored by reward = -loss - lambda * token fraction (`FractionController` moves lambda until the
-   mean fraction meets the budget), advantages against the image's mean reward (`advantages`),
-   clipped surrogate per decision (`ppo_policy_loss`).
+   mean fraction meets the budget), advantages against the image's mean reward, clipped surrogate
+   per decision: splitlab's own `roll_out` and `policy_loss` (`splitlab.training.steps`), the steps
+   the Lightning task runs, here with a plain backward.
 
 Then the deployed cut is calibrated on training images (`calibrate`) and the model saved in the
 Hugging Face layout, which `splitlab.load` reads:
@@ -37,17 +38,9 @@ from torchvision import datasets, transforms
 
 from splitlab import SplitModel
 from splitlab.model.calibrate import calibrate
-from splitlab.rl import FractionController, PPOConfig, advantages, ppo_policy_loss
-from splitlab.tokenizer import policy, warm_start_labels
-
-
-def imitation_loss(logits: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
-    """BCE of the split logits against the labels, over every patch of every level."""
-    total = sum(
-        F.binary_cross_entropy_with_logits(lg, lab.float(), reduction="sum")
-        for lg, lab in zip(logits, labels, strict=True)
-    )
-    return total / sum(lab.numel() for lab in labels)
+from splitlab.rl import FractionController, PPOConfig
+from splitlab.tokenizer import warm_start_labels
+from splitlab.training import imitation_loss, policy_loss, roll_out
 
 
 def warm_start_step(model: SplitModel, images, targets, optimizer, budget: float) -> float:
@@ -76,42 +69,22 @@ def ppo_step(
     cfg: PPOConfig,
     generator: torch.Generator,
 ) -> float:
-    """One PPO update of the decision module on ``cfg.samples`` sampled layouts per image; the mean
-    sampled token fraction."""
+    """One PPO update of the decision module on ``cfg.samples`` sampled layouts per image (splitlab's
+    own `roll_out` and `policy_loss`, which the Lightning task runs too); the mean sampled fraction."""
     samples = cfg.samples
-    with torch.no_grad():  # rollouts through the frozen backbone and head
-        tokens, _ = model.tokenizer.embed(images, model.backbone)
-        old = model.tokenizer.decision_logits(tokens, budget)
-        rollouts = model.tokenizer.tokenize(
-            [t.repeat(samples, 1, 1, 1) for t in tokens],
-            "sample",
-            logits=[lg.repeat(samples, 1, 1) for lg in old],
-            generator=generator,
-        )
-        loss = F.cross_entropy(model.forward_layout(rollouts), targets.repeat(samples), reduction="none")
-        reward = -loss - float(controller.values[0]) * rollouts.fraction
-        advantage = advantages(reward.view(samples, -1)).reshape(-1)
-        old_log_prob = [
-            policy.log_prob(lg, d) for lg, d in zip(rollouts.logits, rollouts.decisions, strict=True)
-        ]
+
+    def loss_of(layouts):  # each rollout's task loss, through the frozen backbone and head
+        return F.cross_entropy(model.forward_layout(layouts), targets.repeat(samples), reduction="none")
+
+    rolled = roll_out(model, images, budget, float(controller.values[0]), samples, loss_of, generator)
     for _ in range(cfg.epochs):
-        new = [lg.repeat(samples, 1, 1) for lg in model.tokenizer.decision_logits(tokens, budget)]
-        surrogate, _ = ppo_policy_loss(
-            [policy.log_prob(lg, d) for lg, d in zip(new, rollouts.decisions, strict=True)],
-            old_log_prob,
-            [policy.entropy(lg) for lg in new],
-            rollouts.candidates,
-            advantage,
-            cfg.clip,
-            cfg.entropy_coef,
-            cfg.normalize,
-        )
+        surrogate, _, _ = policy_loss(model, rolled, budget, cfg)
         optimizer.zero_grad()
         surrogate.backward()
         torch.nn.utils.clip_grad_norm_(model.tokenizer.parameters(), cfg.max_grad_norm)
         optimizer.step()
-    controller.update(rollouts.fraction.mean(), 0)  # lambda rises while the fraction is over budget
-    return float(rollouts.fraction.mean())
+    controller.update(rolled.layouts.fraction.mean(), 0)  # lambda rises while the fraction is over budget
+    return float(rolled.layouts.fraction.mean())
 
 
 def batches(loader: DataLoader, steps: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

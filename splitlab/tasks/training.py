@@ -8,11 +8,9 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from splitlab.lightning_private import attached_trainer
-from splitlab.rl import advantages, ppo_policy_loss
 from splitlab.tasks.optimization import Optimization
 from splitlab.tokenizer import (
     annotation_labels,
@@ -22,7 +20,7 @@ from splitlab.tokenizer import (
     policy,
     warm_start_labels,
 )
-from splitlab.training import per_image_shares
+from splitlab.training import imitation_loss, per_image_shares, policy_loss, roll_out
 
 Stage = Literal["dense", "warm_start", "ppo"]
 STAGES = ("dense", "warm_start", "ppo")
@@ -182,14 +180,7 @@ class StageTraining(Optimization):
         cut = self.tokenizer.operating_points.cuts[point]
         return fraction_of([lg > cut for lg in logits], finest)
 
-    @staticmethod
-    def imitation_loss(logits: Sequence[Tensor], labels: Sequence[Tensor]) -> Tensor:
-        """The warm start's BCE of the split logits against the labels, over every patch of every level."""
-        total = sum(
-            F.binary_cross_entropy_with_logits(lg.float(), lab.float(), reduction="sum")
-            for lg, lab in zip(logits, labels, strict=True)
-        )
-        return total / sum(lab.numel() for lab in labels)
+    imitation_loss = staticmethod(imitation_loss)  # `splitlab.training.imitation_loss`, the one
 
     def imitation_update(
         self, tokens: Sequence[Tensor], labels: Sequence[Tensor], budget: float, policy_opt: Any
@@ -278,39 +269,25 @@ class StageTraining(Optimization):
         cfg = self.hparams.ppo
         samples = cfg.samples
         point, budget = self.step_budget()
-        with torch.no_grad():
-            tokens, _ = self.tokenizer.embed(images, self.backbone)
-            old_logits = self.tokenizer.decision_logits(tokens, budget)
-            rollouts = self.tokenizer.tokenize(
-                [t.repeat(samples, 1, 1, 1) for t in tokens],
-                "sample",
-                logits=[lg.repeat(samples, 1, 1) for lg in old_logits],
-                generator=self.generator,
-            )
-            outputs = self.forward_layout(rollouts)
-            task_loss = self.per_image_loss(outputs, self.repeat_targets(targets, samples)).float()
-            lam = float(self.controller.values[point])
-            reward = -task_loss - lam * rollouts.fraction
-            advantage = advantages(reward.view(samples, -1), reduce_mean=self.mean_over_ranks).reshape(-1)
-            old_log_prob = [
-                policy.log_prob(lg, d) for lg, d in zip(rollouts.logits, rollouts.decisions, strict=True)
-            ]
+        lam = float(self.controller.values[point])
+        rolled = roll_out(
+            self.model,
+            images,
+            budget,
+            lam,
+            samples,
+            lambda layouts: self.per_image_loss(
+                self.forward_layout(layouts), self.repeat_targets(targets, samples)
+            ),
+            self.generator,
+            self.mean_over_ranks,
+        )
+        tokens, rollouts, task_loss, reward = rolled.tokens, rolled.layouts, rolled.task_loss, rolled.reward
         anchor = self.anchor_weight()
         labels = self.imitation_labels(images, batch, budget, tokens) if anchor > 0 else None
         epochs_run = 0
         for epoch in range(cfg.epochs):
-            logits = self.tokenizer.decision_logits(tokens, budget)
-            new_logits = [lg.repeat(samples, 1, 1) for lg in logits]
-            loss, ppo_stats = ppo_policy_loss(
-                [policy.log_prob(lg, d) for lg, d in zip(new_logits, rollouts.decisions, strict=True)],
-                old_log_prob,
-                [policy.entropy(lg) for lg in new_logits],
-                rollouts.candidates,
-                advantage,
-                cfg.clip,
-                cfg.entropy_coef,
-                cfg.normalize,
-            )
+            loss, ppo_stats, logits = policy_loss(self.model, rolled, budget, cfg)
             if labels is not None:  # the warm start's labels as an anchor
                 imitation = self.imitation_loss(logits, labels)
                 ppo_stats["imitation"] = imitation.detach()

@@ -1,5 +1,7 @@
-"""SPLIT's training as plain PyTorch (no Lightning): what each split is worth to the task
-(`refinement_gains`), which the warm start's ``loss`` labels and the ``loss_oracle`` row read."""
+"""SPLIT's training as plain PyTorch (no Lightning): the policy's steps (`imitation_loss`, PPO's
+`roll_out` and `policy_loss`, which the Lightning task and a plain loop both run), and what each
+split is worth to the task (`refinement_gains`), which the warm start's ``loss`` labels and the
+``loss_oracle`` row read."""
 
 from splitlab.training.gains import (
     autograd_ready,
@@ -8,5 +10,16 @@ from splitlab.training.gains import (
     per_image_shares,
     refinement_gains,
 )
+from splitlab.training.steps import Rollouts, imitation_loss, policy_loss, roll_out
 
-__all__ = ["autograd_ready", "on_finest_grid", "patch_sums", "per_image_shares", "refinement_gains"]
+__all__ = [
+    "Rollouts",
+    "autograd_ready",
+    "imitation_loss",
+    "on_finest_grid",
+    "patch_sums",
+    "per_image_shares",
+    "policy_loss",
+    "refinement_gains",
+    "roll_out",
+]
