@@ -196,6 +196,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     if isinstance(model, DenseModel):  # a detector or segmenter: the whole model
         return run_dense(cfg, model, device, autocast, calibrate_policy)
     img_size, images = bench_images(cfg, model, device)
+    holds = model.holds() if cfg.ckpt else None  # what the checkpoint holds (`SplitModel.holds`), as trained
     cut = None
     if cfg.budget is not None:  # a trained policy runs as trained unless a budget is asked for
         with autocast:
@@ -227,7 +228,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         **overheads(parts),
         **resources(run_uniform, run_split, device),
         "policy_cut": cut,
-        "holds": model.holds() if cfg.ckpt else None,  # what the checkpoint's policy is (`SplitModel.holds`)
+        "holds": holds,
     }
     result["speedup_over_ideal"] = result["speedup"] / result["ideal_speedup"]
     # the typical pair's: on a shared host a burst of other work slows a few pairs, which the

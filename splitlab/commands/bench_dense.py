@@ -345,9 +345,12 @@ def run_dense(
     model = model.to(device).eval()
     model.backbone.attn_backend = cfg.attn_backend
     images, placements = dense_images(model, cfg.images, cfg.batch_size, device)
+    holds = model.holds() if cfg.ckpt else None  # as trained, before any calibration here
     budget = cfg.budget if cfg.budget is not None else model.budget
-    with autocast:
-        cut = calibrate(model, images, budget)
+    cut = None  # a trained policy runs as trained unless a budget is asked for; a fresh one is fitted
+    if cfg.budget is not None or not cfg.ckpt:
+        with autocast:
+            cut = calibrate(model, images, budget)
     result = bench_dense(model, images, placements, device, autocast, cfg.warmup, cfg.iters, cfg.min_seconds)
     with torch.inference_mode(), autocast:
         backend = model.backbone.pack(model.layout(images[:1]))[1].backend.name
@@ -365,7 +368,7 @@ def run_dense(
         else f"cpu ({torch.get_num_threads()} threads)",
         "attn_backend": backend,
         "policy_cut": cut,
-        "holds": model.holds() if cfg.ckpt else None,
+        "holds": holds,
         "dense": result,
     }
 

@@ -133,3 +133,21 @@ def test_the_dense_bench_command(task, tmp_path, capsys) -> None:
 def test_dense_bench_refusals(args, message) -> None:
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         run(["bench", *args, "--model", "test_vit", "--img-size", "64"])
+
+
+def test_a_dense_checkpoint_is_benched_whole_as_it_was_saved(models, tmp_path) -> None:
+    """`splitlab bench --ckpt` of a segmenter: the whole model, its policy as saved (no calibration
+    here unless --budget asks), and what it holds said."""
+    from splitlab.commands.bench import BenchConfig, run_bench
+
+    models["segmentation"].save_pretrained(tmp_path / "segmenter")
+    cfg = BenchConfig(ckpt=str(tmp_path / "segmenter"), budget=None, batch_size=1, warmup=0, iters=1)
+    record = run_bench(cfg)
+    assert record["dense"]["task"] == "segmentation" and record["policy_cut"] is None
+    assert record["holds"] == "policy learned, cuts never calibrated"
+    calibrated = run_bench(
+        BenchConfig(ckpt=str(tmp_path / "segmenter"), budget=0.7, batch_size=2, warmup=0, iters=1)
+    )
+    assert calibrated["policy_cut"] is not None and calibrated["dense"]["token_fraction"] == pytest.approx(
+        0.7, abs=0.2
+    )
