@@ -26,7 +26,15 @@ from torch import Tensor
 from splitlab.commands.allocator import keep_freed_memory
 from splitlab.commands.bench_args import add_parser as add_parser  # the options, read here by TOOLS
 from splitlab.commands.bench_dense import format_dense_run, run_dense
-from splitlab.commands.bench_measures import DTYPES, breakdown, overheads, resources, speeds, token_costs
+from splitlab.commands.bench_measures import (
+    DTYPES,
+    breakdown,
+    device_label,
+    overheads,
+    resources,
+    speeds,
+    token_costs,
+)
 from splitlab.commands.bench_table import format_bench, format_sweep
 from splitlab.metrics import interleaved
 from splitlab.model import Preprocessing, SplitClassifier, SplitModel, load
@@ -219,9 +227,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             backend = model.backbone.pack(layout)[1].backend.name
     result = {
         "config": {**asdict(cfg), "levels": list(model.tokenizer.levels.sizes), "img_size": list(img_size)},
-        "device_name": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else f"cpu ({torch.get_num_threads()} threads)",
+        "device_name": device_label(device),
         "attn_backend": backend,
         **speeds(*times, cfg.batch_size),
         **token_costs(model, layout, cfg.batch_size),

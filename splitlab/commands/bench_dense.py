@@ -24,6 +24,7 @@ import torch
 import yaml
 from torch import Tensor
 
+from splitlab.commands.bench_measures import device_label
 from splitlab.heads.pyramid import pyramid_grids
 from splitlab.metrics import interleaved, pair_spread, timed
 from splitlab.model import SplitDetector
@@ -363,9 +364,7 @@ def run_dense(
             "img_size": list(model.backbone.img_size),
             "budget": budget,
         },
-        "device_name": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else f"cpu ({torch.get_num_threads()} threads)",
+        "device_name": device_label(device),
         "attn_backend": backend,
         "policy_cut": cut,
         "holds": holds,

@@ -18,6 +18,13 @@ from splitlab.tokenizer import build_layout
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def device_label(device: torch.device) -> str:
+    """The device a bench ran on, as its tables name it (the GPU's name, or the CPU's threads)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
 def host_syncs(fn: Callable[[], Any], device: torch.device) -> int | None:
     """Device-to-host synchronisations of one call (CUDA's sync debug mode counts them; None on CPU)."""
     if device.type != "cuda":
