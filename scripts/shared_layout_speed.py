@@ -17,7 +17,7 @@ import json
 import torch
 
 import splitlab
-from splitlab.commands.bench import _load_images
+from splitlab.commands.bench_measures import load_images
 from splitlab.metrics import interleaved, pair_spread
 
 
@@ -34,7 +34,7 @@ def main() -> None:
     multi = splitlab.load(args.multi).eval()
     singles = [splitlab.load(run).eval() for run in args.tasks]
     size = multi.backbone.img_size[0]
-    images = _load_images(args.images, args.batch_size, multi.preprocessing, size)
+    images = load_images(args.images, args.batch_size, multi.preprocessing, size)[0]
     device = torch.device("cpu")
 
     def shared() -> None:

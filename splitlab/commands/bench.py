@@ -30,6 +30,7 @@ from splitlab.commands.bench_measures import (
     DTYPES,
     breakdown,
     device_label,
+    load_images,
     overheads,
     resources,
     speeds,
@@ -37,7 +38,7 @@ from splitlab.commands.bench_measures import (
 )
 from splitlab.commands.bench_table import format_bench, format_sweep
 from splitlab.metrics import interleaved
-from splitlab.model import Preprocessing, SplitClassifier, SplitModel, load
+from splitlab.model import SplitClassifier, SplitModel, load
 from splitlab.model.calibrate import fit_cuts
 from splitlab.model.predict import image_files
 from splitlab.model.tasks import DenseModel
@@ -77,19 +78,6 @@ def _device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available on this machine")
     return device
-
-
-def _load_images(path: str, count: int, preprocessing: Preprocessing, img_size: int) -> Tensor:
-    """``count`` images of the folder (repeated if it has fewer), as the model preprocesses them."""
-    from PIL import Image
-
-    files = image_files([path])
-    if not files:
-        raise FileNotFoundError(f"--images {path}: no image files")
-    if preprocessing.img_size != img_size:  # --img-size asks for another input size than the model's data
-        preprocessing = dataclasses.replace(preprocessing, img_size=img_size)
-    batch = [preprocessing(Image.open(files[i % len(files)]))[0] for i in range(count)]
-    return torch.stack(batch)
 
 
 def split_forward(model: SplitModel, images: Tensor) -> Tensor:
@@ -171,7 +159,7 @@ def bench_images(cfg: BenchConfig, model: SplitModel, device: torch.device) -> t
         img_size = (cfg.img_size, cfg.img_size)
     model.tokenizer.levels.check_image(img_size)
     if cfg.images:
-        images = _load_images(cfg.images, cfg.batch_size, model.preprocessing, img_size[0]).to(device)
+        images = load_images(cfg.images, cfg.batch_size, model.preprocessing, img_size[0])[0].to(device)
     else:
         images = torch.randn(cfg.batch_size, 3, *img_size, device=device)
     return img_size, images

@@ -24,7 +24,7 @@ import torch
 import yaml
 from torch import Tensor
 
-from splitlab.commands.bench_measures import device_label
+from splitlab.commands.bench_measures import device_label, load_images
 from splitlab.heads.pyramid import pyramid_grids
 from splitlab.metrics import interleaved, pair_spread, timed
 from splitlab.model import SplitDetector
@@ -321,15 +321,8 @@ def dense_images(
     if folder is None:
         images = torch.randn(count, 3, *model.backbone.img_size, device=device)
         return images, network_placements(images)
-    from PIL import Image
-
-    from splitlab.model.predict import image_files
-
-    files = image_files([folder])
-    if not files:
-        raise FileNotFoundError(f"--images {folder}: no image files")
-    prepared = [model.preprocessing(Image.open(files[i % len(files)])) for i in range(count)]
-    return torch.stack([image for image, _ in prepared]).to(device), [place for _, place in prepared]
+    images, placements = load_images(folder, count, model.preprocessing)
+    return images.to(device), placements
 
 
 def run_dense(

@@ -3,6 +3,7 @@ and FLOP counts, throughput and its spread, and each path's memory, host syncs a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,9 +14,27 @@ from splitlab.backbone import backbone_flops
 from splitlab.commands.allocator import minor_page_faults
 from splitlab.metrics import pair_spread, synchronize, timed
 from splitlab.model import SplitModel
+from splitlab.model.predict import image_files
+from splitlab.model.preprocess import Placement, Preprocessing
 from splitlab.tokenizer import build_layout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_images(
+    path: str, count: int, preprocessing: Preprocessing, img_size: int | None = None
+) -> tuple[Tensor, list[Placement]]:
+    """``count`` images of the folder (repeated if it has fewer), as the model preprocesses them (at
+    ``img_size`` where ``--img-size`` asks for another side), and where each lies in the input."""
+    from PIL import Image
+
+    files = image_files([path])
+    if not files:
+        raise FileNotFoundError(f"--images {path}: no image files")
+    if img_size is not None and preprocessing.img_size != img_size:
+        preprocessing = dataclasses.replace(preprocessing, img_size=img_size)
+    prepared = [preprocessing(Image.open(files[i % len(files)])) for i in range(count)]
+    return torch.stack([image for image, _ in prepared]), [place for _, place in prepared]
 
 
 def device_label(device: torch.device) -> str:
