@@ -5,24 +5,11 @@ checkpoint, a ``save_pretrained`` folder or a Hub id; it is imported on first us
 splitlab`` stays light. The map of the package (rooms, data flow, import rules): docs/architecture.md.
 """
 
-from collections.abc import Sequence
 from typing import Any
 
 from splitlab.version import __version__
 
 __all__ = ["SplitModel", "__version__", "load"]
-
-
-def missing_run_callbacks(given: Sequence[Any], fitting: bool) -> list[Any]:
-    """The callbacks every splitlab run needs that ``given`` lacks (`splitlab.callbacks.run`).
-
-    The package root wires callbacks/ into tasks/, which imports no callback (the import rules of
-    docs/architecture.md): a `SplitTask` asks here in ``configure_callbacks``, so that
-    ``Trainer().fit(task, data)`` trains what ``lightning fit`` trains.
-    """
-    from splitlab.callbacks import missing_run_callbacks as missing
-
-    return missing(given, fitting)
 
 
 def __getattr__(name: str) -> Any:

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from splitlab.callbacks import SplitSchedule
 from splitlab.metrics import synchronize
-from splitlab.tasks.training import STAGES
+from splitlab.training.progress import STAGES
 
 PRECISION = {"float32": "32-true", "bfloat16": "bf16-mixed"}
 

@@ -13,7 +13,8 @@ from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from splitlab.data.common import FolderOrHubData, SkipCorrupt, image_source, require_dir
+from splitlab.data.common import FolderOrHubData, SkipCorrupt, require_dir
+from splitlab.data.hf import image_source
 from splitlab.data.objects import WithBoxes, eval_resize, read_objects
 from splitlab.model.images import ImageDecoder
 from splitlab.model.preprocess import Preprocessing

@@ -25,9 +25,9 @@ from splitlab.data.common import (
     BadSample,
     FolderOrHubData,
     SkipCorrupt,
-    image_source,
     require_dir,
 )
+from splitlab.data.hf import image_source
 from splitlab.model.images import ImageDecoder, decoded_size
 from splitlab.model.preprocess import Preprocessing
 

@@ -29,10 +29,9 @@ from torch.utils.data import Dataset
 from splitlab.data.common import (
     FolderOrHubData,
     SkipCorrupt,
-    image_source,
     require_dir,
-    undecoded_images,
 )
+from splitlab.data.hf import image_source, undecoded_images
 from splitlab.metrics.vqa import ANSWERS_PER_QUESTION, VQA_ANSWER_TYPES
 from splitlab.model.images import ImageDecoder
 from splitlab.model.preprocess import LETTERBOX_FILTERS, Preprocessing

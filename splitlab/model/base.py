@@ -18,10 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from splitlab.backbone import PackedFeatures, PackedViT
-from splitlab.backbone.families import check_family
-from splitlab.backbone.rebuild import architecture, rebuild_kwargs
 from splitlab.model.hub import HubWeights
 from splitlab.model.preprocess import Preprocessing
+from splitlab.model.record import holds, policy_state, unfinished
+from splitlab.model.timm_wrap import timm_config
 from splitlab.tokenizer import (
     BASELINES,
     DECISION_CONTEXTS,
@@ -31,7 +31,6 @@ from splitlab.tokenizer import (
     SplitTokenizer,
     TokenLayout,
     baseline_scores,
-    budget_points,
     cap_fraction,
     entropy_scores,
 )
@@ -62,7 +61,6 @@ COMMON: dict[str, Any] = {
     "trained": None,
     "calibration": None,
 }
-STAGES = ("dense", "warm_start", "ppo")  # a training run's stages, in order
 
 
 class SplitModel(nn.Module, HubWeights):
@@ -145,8 +143,7 @@ class SplitModel(nn.Module, HubWeights):
         self.budget = budget
         given = cfg["preprocessing"]
         self.preprocessing = Preprocessing.from_dict(given) if given else self.default_preprocessing()
-        sides = self.preprocessing.img_size
-        sides = (sides, sides) if isinstance(sides, int) else tuple(sides)
+        sides = tuple(self.preprocessing.shape)
         if sides != tuple(size):  # a config.json edited by hand: which of the two would run is a guess
             raise ValueError(
                 f"config preprocessing.img_size={list(sides)} contradicts backbone_kwargs.img_size={list(size)}: "
@@ -202,42 +199,11 @@ class SplitModel(nn.Module, HubWeights):
         """
         # the parameters are built outside inference mode (a ViT built inside it is read, not trained)
         with torch.inference_mode(False):
-            return cls._from_timm(vit, levels, task, budget, budget_range, **settings)
-
-    @classmethod
-    def _from_timm(
-        cls,
-        vit: nn.Module,
-        levels: Sequence[int] | None,
-        task: str,
-        budget: float,
-        budget_range: Sequence[float] | None,
-        **settings: Any,
-    ) -> SplitModel:
-        name = architecture(vit)
-        check_family(vit, name)  # before reading its sizes: a refused family in one line
-        kwargs = rebuild_kwargs(vit, dict(settings.pop("backbone_kwargs", None) or {}))
-        head = dict(settings.pop("head", None) or {})
-        if task == "classification":
-            head = {"num_classes": int(vit.num_classes), "global_pool": vit.global_pool, **head}
-        points = budget_points(budget_range) if budget_range else [budget]
-        config = {
-            **settings,
-            "task": task,
-            "backbone": name,
-            "backbone_kwargs": kwargs,
-            "levels": list(levels) if levels is not None else None,
-            "budget": float(budget),
-            "budget_points": points,
-            "head": head,
-        }
-        model = SplitModel.from_config(config)
-        weights = vit.state_dict()
-        if task != "classification":  # the timm classifier is no part of another task's model
-            weights = {k: v for k, v in weights.items() if not k.startswith(("head.", "head_dist."))}
-        with torch.no_grad():
-            model.backbone.model.load_state_dict(weights, strict=task == "classification")
-        return model
+            config, weights = timm_config(vit, levels, task, budget, budget_range, **settings)
+            model = SplitModel.from_config(config)
+            with torch.no_grad():
+                model.backbone.model.load_state_dict(weights, strict=task == "classification")
+            return model
 
     @classmethod
     def head_on(
@@ -334,42 +300,16 @@ class SplitModel(nn.Module, HubWeights):
 
     @property
     def policy_state(self) -> str:
-        """What the deployed policy is: ``learned`` (PPO trained it), ``imitation`` (a run stopped in its
-        warm start, or before its first PPO step: the decision module only imitated its labels),
-        ``uniform`` (a dense stage's model) or the trained baseline (``entropy``, ``random``); a model
-        whose training splitlab did not record (`from_timm`) says its policy."""
-        stage = self.trained.get("stage")
-        if self.policy != "learned" or stage is None:
-            return self.policy
-        if stage == "dense":
-            return "uniform"
-        return "learned" if stage == "ppo" and int(self.trained.get("ppo_steps", 1)) > 0 else "imitation"
+        """What the deployed policy is (`splitlab.model.record.policy_state`)."""
+        return policy_state(self.policy, self.trained)
 
     def holds(self) -> str:
         """One line of what this model is: its policy's state, and the budgets its cuts were set for."""
-        state = self.policy_state
-        if state == "uniform":
-            return "a dense stage's model (uniform grid: no policy trained yet)"
-        points = self.tokenizer.operating_points
-        seen = [
-            f"{b:g}" for b, n in zip(points.budgets.tolist(), points.counts.tolist(), strict=True) if n > 0
-        ]
-        cuts = f"cuts calibrated for budget {', '.join(seen)}" if seen else "cuts never calibrated"
-        if state == "imitation":
-            where = "before its first PPO step" if self.trained.get("stage") == "ppo" else "in its warm start"
-            return f"policy imitation (training stopped {where}: PPO never trained it), {cuts}"
-        if state == "learned" and self.trained:
-            return f"policy learned (PPO: {int(self.trained.get('ppo_steps', 0))} steps), {cuts}"
-        return f"policy {state}, {cuts}" if state == "learned" else f"policy {state}"
+        return holds(self.policy_state, self.trained, self.tokenizer.operating_points)
 
     def unfinished(self) -> str | None:
         """One line when this model's training stopped before PPO trained its policy (what to run), else None."""
-        if self.policy_state != "imitation":
-            return None
-        return (
-            f"this model holds a {self.holds()}; finish the run before deploying it: "
-            "splitlab fit --config RUN/config.yaml --ckpt_path last"
-        )
+        return unfinished(self.policy_state, self.holds())
 
     def rebuilt_keys(self) -> set[str]:
         """State-dict keys the model rebuilds identically from its config (a frozen LM loaded by

@@ -9,8 +9,8 @@ from splitlab.tasks.logic import TaskLogic
 from splitlab.tasks.multitask import MultiTaskSplit
 from splitlab.tasks.segmentation import SegmentationTask
 from splitlab.tasks.state import load_task, read_checkpoint
-from splitlab.tasks.training import STAGES
 from splitlab.tasks.vqa import VQATask
+from splitlab.training.progress import STAGES
 
 __all__ = [
     "STAGES",

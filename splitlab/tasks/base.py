@@ -32,10 +32,11 @@ from splitlab.tasks.settings import (
     settings_of,
 )
 from splitlab.tasks.state import SamplingStream, TaskState
-from splitlab.tasks.training import Stage, StageTraining
+from splitlab.tasks.training import StageTraining
 from splitlab.tasks.transfer import check_policy, transferred_decision
 from splitlab.tokenizer import LabelEmbedding, Levels, SplitTokenizer, TokenLayout, budget_points
-from splitlab.training import refinement_gains
+from splitlab.training import finest_outputs, refinement_gains
+from splitlab.training.progress import Progress, Stage
 
 
 def _config_value(value: Any) -> Any:
@@ -137,21 +138,20 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         super().__init__()
         self.save_hyperparameters()
         hp = self.hparams
-        # a recipe's or checkpoint's mapping, as its dataclass
         for group, cls in (*GROUPS.items(), ("ppo", PPOConfig), *self.task_groups.items()):
-            hp[group] = settings_of(cls, hp[group], group)
+            hp[group] = settings_of(cls, hp[group], group)  # a recipe's mapping, as its dataclass
         hp.budget_range = list(budget_range) if budget_range is not None else None
         self.automatic_optimization = False
         options = hp.policy_options
         check_policy(policy, budget_range, options.policy_checkpoint, options.transfer_finetune)
-        self.stage: Stage = "warm_start"
-        self.ppo_steps = 0  # PPO updates run so far (checkpointed): a policy with none only imitated
+        self.progress = Progress()  # the stage and the PPO updates run: one writer each
         self.sampling = SamplingStream(options.sampling_seed)
         self.configure_models()
         if policy == "transferred":  # another run's decision module, deployed frozen
             weights = transferred_decision(options.policy_checkpoint, self.model)
             self.model.tokenizer.decision.load_state_dict(weights)
         self.check_apt()
+        self.check_label_source()
         self.sync_deployed()
         self.configure_metrics()
         if init_checkpoint:
@@ -176,8 +176,16 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
             reduce=self.mean_over_ranks,
         )
 
-    # the deployed parts, as the model holds them
     @property
+    def stage(self) -> Stage:
+        """The stage training is in, and below the PPO updates run (`Progress`, their one writer)."""
+        return self.progress.stage
+
+    @property
+    def ppo_steps(self) -> int:
+        return self.progress.ppo_steps
+
+    @property  # the deployed parts, as the model holds them
     def backbone(self) -> PackedViT:
         return self.model.backbone
 
@@ -218,9 +226,12 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         return self.logic.per_image_loss(outputs, targets, inputs)
 
     def loss_gains(
-        self, images: Tensor, targets: Any, generator: Any = None, tokens: Any = None
+        self, images: Tensor, targets: Any, generator: Any = None, tokens: Any = None, own: bool = False
     ) -> list[Tensor]:
-        """How much each split lowers this batch's task loss (`refinement_gains`): ``loss`` labels, ``loss_oracle``."""
+        """How much each split lowers this batch's task loss (`refinement_gains`): ``loss`` labels, ``loss_oracle``;
+        with ``own``, the loss to the model's own prediction on the finest grid (``fidelity`` labels)."""
+        if own:  # (no gradient: `finest_outputs`)
+            targets = self.logic.own_targets(finest_outputs(self.model, images, tokens), targets)
         loss = partial(self.per_image_loss, targets=targets, generator=generator)
         return refinement_gains(self.model, images, loss, self.hparams.warm_start.loss_steps, tokens)
 

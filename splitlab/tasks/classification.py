@@ -50,6 +50,11 @@ class ClassificationLogic(TaskLogic):
             outputs.float(), targets, reduction="none", label_smoothing=self.label_smoothing
         )
 
+    def own_targets(self, reference: Tensor, targets: Tensor) -> Tensor:
+        """The finest grid's class probabilities: the cross-entropy to them is the KL divergence from
+        the finest grid's prediction, up to a constant."""
+        return reference.float().softmax(-1)
+
     def update_metrics(
         self, metrics: MetricCollection, outputs: Tensor, targets: Tensor, layout: TokenLayout
     ) -> None:

@@ -93,6 +93,15 @@ class TaskLogic:
         """The task loss of each image, shape ``(B,)``: its mean trains the task, its values are PPO rewards."""
         raise NotImplementedError
 
+    def own_targets(self, reference: Any, targets: Any) -> Any:
+        """The model's own prediction from ``reference`` (its outputs on the finest grid) as targets
+        `per_image_loss` reads in place of ``targets`` (whose padding it keeps): the ``fidelity``
+        label source, the splits that keep the outputs closest to the finest grid's."""
+        raise NotImplementedError(
+            f"warm_start.label_source=fidelity: the {self.task_name} task has no targets of its own "
+            "prediction yet; use label_source=loss or embedding"
+        )
+
     def build_metrics(self) -> MetricCollection:
         """A fresh metric collection of the task (keys are metric names, one is `metric_name`)."""
         raise NotImplementedError

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
@@ -78,6 +79,11 @@ class SegmentationLogic(TaskLogic):
                 "or several GPUs with trainer.sync_batchnorm=true"
                 + ("" if run.world_size < 2 else f" (this run: {run.world_size} GPUs, not synced)")
             )
+
+    def own_targets(self, reference: dict[str, Tensor], targets: Tensor) -> Tensor:
+        """The finest grid's per-pixel classes, at the masks' size; padding (``ignore_index``) kept."""
+        predicted = self.head.predict_masks(reference, targets.shape[-2:])
+        return torch.where(targets == self.ignore_index, targets, predicted)
 
     def per_image_loss(self, outputs: dict[str, Tensor], targets: Tensor, inputs: LossInputs) -> Tensor:
         return self.head.per_image_loss(outputs, targets, self.ignore_index, self.aux_weight)

@@ -21,7 +21,7 @@ from splitlab.tokenizer.baselines import APT_SEARCHES
 # to the task loss): rows of the evaluation, never a deployed policy
 EVAL_BASELINES = (*BASELINES, "oracle", "loss_oracle")
 LABEL_TARGETS = ("initial", "live")
-LABEL_SOURCES = ("embedding", "annotations", "loss")
+LABEL_SOURCES = ("embedding", "annotations", "loss", "fidelity", "entropy")
 
 
 def check_ranges(
@@ -149,7 +149,10 @@ class WarmStartSettings:
         label_source: what is imitated: ``embedding`` differences (the paper's), ``annotations``
             (the oracle's layout from the data's boxes or masks) or ``loss`` (the splits that lower the
             task loss most, read through the task's own per-image loss: no annotations needed;
-            `splitlab.training.refinement_gains`).
+            `splitlab.training.refinement_gains`), ``fidelity`` (the splits that keep the outputs
+            closest to the model's own on the finest grid: the loss to its own prediction, which the
+            policy can read from the image; classification and segmentation) or ``entropy`` (APT's
+            pixel-entropy layout at the budget, which PPO then improves on; docs/loss_labels.md).
         loss_steps: with ``loss`` labels (and the ``loss_oracle`` row), points along each level's path
             (1: its middle; each costs about 3 forwards of the finest grid per level).
     """

@@ -242,11 +242,10 @@ class TaskState:
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # the settings groups as plain mappings: a checkpoint holds data, never a class to import
         checkpoint["hyper_parameters"] = plain(checkpoint.get("hyper_parameters", {}))
-        self.model.trained = {"stage": self.stage, "ppo_steps": self.ppo_steps}  # what `holds` reports
+        self.model.trained = self.progress.record()  # what `holds` reports
         checkpoint["splitlab"] = {
             "task_class": f"{type(self).__module__}.{type(self).__qualname__}",
-            "stage": self.stage,
-            "ppo_steps": self.ppo_steps,
+            **self.progress.record(),
             "generators": self._generator_states(),
             "model": self.model.export_config(),  # what `splitlab.load` rebuilds the model from
         }
@@ -282,11 +281,8 @@ class TaskState:
             self.model.names = list(saved["names"])
         if saved.get("head", {}).get("category_ids"):
             self.model.config["head"]["category_ids"] = list(saved["head"]["category_ids"])
-        if "stage" in state:
-            self.stage = state["stage"]
+        if self.progress.restore(state):
             self.sync_deployed()
-        # a checkpoint from before the count: one in the PPO stage is taken to have run PPO
-        self.ppo_steps = int(state.get("ppo_steps", 1 if state.get("stage") == "ppo" else 0))
         states = state.get("generators", [])
         ranks = self.trainer.world_size if attached_trainer(self) is not None else 1
         if states and len(states) != ranks:

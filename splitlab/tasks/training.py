@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, Literal
+from importlib.metadata import entry_points
+from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from splitlab.lightning_private import attached_trainer
+from splitlab.tasks.logic import TaskLogic
 from splitlab.tasks.optimization import Optimization
 from splitlab.tokenizer import (
     annotation_labels,
@@ -21,9 +24,25 @@ from splitlab.tokenizer import (
     warm_start_labels,
 )
 from splitlab.training import imitation_loss, per_image_shares, policy_loss, roll_out
+from splitlab.training.progress import Stage
 
-Stage = Literal["dense", "warm_start", "ppo"]
-STAGES = ("dense", "warm_start", "ppo")
+RUN_CALLBACKS_GROUP = "splitlab.run_callbacks"  # pyproject.toml's entry points: who adds run callbacks
+
+
+def run_callbacks(given: Sequence[Any], fitting: bool) -> list[Any]:
+    """The run callbacks ``given`` lacks, from every provider of the `RUN_CALLBACKS_GROUP` entry points
+    (splitlab's own: `splitlab.callbacks.run.missing_run_callbacks`): tasks/ imports no callback, the
+    installed package names them. A checkout used without ``pip install`` has none: it says so."""
+    providers = entry_points(group=RUN_CALLBACKS_GROUP)
+    if not providers:
+        rank_zero_warn(
+            "splitlab is not installed (no splitlab.run_callbacks entry points): Trainer().fit(task) runs "
+            "without its stage schedule and run callbacks; pip install -e . in the checkout"
+        )
+    added: list[Any] = []
+    for provider in sorted(providers, key=lambda p: p.name != "splitlab"):  # splitlab's own first
+        added += provider.load()([*given, *added], fitting)
+    return added
 
 
 class StageTraining(Optimization):
@@ -39,15 +58,11 @@ class StageTraining(Optimization):
         schedule, exact resume, the checkpoint on a stop, skipped-sample counts, verified checkpoint
         writes. ``Trainer().fit(task, data)`` from Python so trains what ``lightning fit`` trains
         (warm start, then PPO); callbacks the user passes, a `SplitSchedule` included, win."""
-        import splitlab  # the package root wires callbacks/ in: tasks/ imports no callback
-
-        return splitlab.missing_run_callbacks(self.trainer.callbacks, fitting=self.trainer.state.fn == "fit")
+        return run_callbacks(self.trainer.callbacks, fitting=self.trainer.state.fn == "fit")
 
     def set_stage(self, stage: Stage) -> None:
         """Enter a stage: PPO freezes backbone, head and embeddings (and puts them in eval mode)."""
-        if stage not in STAGES:
-            raise ValueError(f"stage={stage!r}: expected one of {STAGES}")
-        self.stage = stage
+        self.progress.enter(stage)
         self.sync_deployed()
         trainable = not self.task_frozen
         self.set_policy_lr(stage)
@@ -59,20 +74,14 @@ class StageTraining(Optimization):
 
     @property
     def policy_trains(self) -> bool:
-        """Whether this stage updates the decision module: a learned policy's warm start (imitation)
-        and PPO, a transferred one's PPO with ``transfer_finetune``; never a fixed policy's."""
+        """Whether this stage updates the decision module (`Progress.policy_trains`)."""
         hp = self.hparams
-        if hp.policy == "learned":
-            return self.stage != "dense"
-        return (
-            hp.policy == "transferred" and bool(hp.policy_options.transfer_finetune) and self.stage == "ppo"
-        )
+        return self.progress.policy_trains(hp.policy, bool(hp.policy_options.transfer_finetune))
 
     @property
     def task_frozen(self) -> bool:
-        """Whether this stage leaves backbone, head and embeddings as they are: PPO, and the warm
-        start of a run that does not fine-tune in it (``warm_start_finetune: false``)."""
-        return self.stage == "ppo" or (self.stage == "warm_start" and not self.hparams.warm_start.finetune)
+        """Whether this stage leaves backbone, head and embeddings as they are (`Progress.task_frozen`)."""
+        return self.progress.task_frozen(bool(self.hparams.warm_start.finetune))
 
     def train(self, mode: bool = True) -> StageTraining:
         super().train(mode)
@@ -204,6 +213,14 @@ class StageTraining(Optimization):
             return float(self.hparams.ppo.imitation)
         return 1.0 if self.hparams.warm_start.label_source == "annotations" else 0.0
 
+    def check_label_source(self) -> None:
+        """Refuse, at construction, warm-start labels this task cannot give: ``fidelity`` reads the
+        task's own prediction as targets (`TaskLogic.own_targets`)."""
+        if self.hparams.warm_start.label_source != "fidelity":
+            return
+        if type(self.logic).own_targets is TaskLogic.own_targets:
+            self.logic.own_targets(None, None)  # its one-line refusal, naming the setting
+
     def imitation_labels(
         self, images: Tensor, batch: Any, budget: float, tokens: list[Tensor] | None = None
     ) -> list[Tensor]:
@@ -211,10 +228,15 @@ class StageTraining(Optimization):
         (the paper's), the oracle's layout from the batch's annotations, or the splits worth most to
         the task loss of the model as it is now (``tokens``: the batch's embeddings, if at hand)."""
         source = self.hparams.warm_start.label_source
-        if source == "loss":
+        if source in ("loss", "fidelity"):
             _, targets = self.unpack_batch(batch)
-            gains = per_image_shares(self.loss_gains(images, targets, tokens=tokens))
+            gains = per_image_shares(
+                self.loss_gains(images, targets, tokens=tokens, own=source == "fidelity")
+            )
             return gain_labels(gains, self.levels, budget, self.levels.finest_grid(images.shape[-2:]))
+        if source == "entropy":  # APT's layout at the budget: pixel entropy, no annotations, no model
+            scores, cut = self.model.scores("entropy", images, budget, self.generator)
+            return [level > cut for level in scores]
         if source not in ("annotations", "embedding"):  # never a silent fallback to another source
             raise ValueError(f"warm_start.label_source={source!r}: no labels of that kind")
         if source == "annotations":
@@ -299,7 +321,7 @@ class StageTraining(Optimization):
             self.clip_norm(policy_opt, cfg.max_grad_norm)
             policy_opt.step()
             epochs_run += 1
-        self.ppo_steps += 1
+        self.progress.count_ppo_step()
         self.controller.update(rollouts.fraction.mean(), point)
         self.budget_sampler.update(point, task_loss.mean(), self.mean_over_ranks)
         with torch.no_grad():

@@ -94,6 +94,17 @@ def refinement_gains(
     return gains
 
 
+def finest_outputs(model: Any, images: Tensor, tokens: Sequence[Tensor] | None = None) -> Any:
+    """The model's outputs on the finest grid (every patch split): the reference that ``fidelity``
+    labels keep the outputs of a layout close to."""
+    with torch.no_grad():
+        if tokens is None:
+            tokens, _ = model.tokenizer.embed(images, model.backbone)
+        tokens = [t.detach() for t in tokens]
+        everything = [torch.ones(t.shape[:3], dtype=torch.bool, device=t.device) for t in tokens[:-1]]
+        return model.forward_layout(build_layout(tokens, everything, model.levels))
+
+
 def per_image_shares(gains: Sequence[Tensor]) -> list[Tensor]:
     """Each image's gains as shares of its own total (absolute) gain: where detail matters *within* the
     image, every image weighted alike. The policy sees the image, not its label: an image the model

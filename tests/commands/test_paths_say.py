@@ -151,10 +151,11 @@ def test_a_task_checkpoint_records_how_far_training_went(tmp_path, stage, steps,
     """What `splitlab.load` reads of a ``.ckpt``: the stage and the PPO steps the task saved; a checkpoint
     written before the record (its stage only) is read from the stage."""
     from splitlab.tasks import ClassificationTask
+    from splitlab.training import Progress
     from tests.tasks.test_per_image_loss import TINY
 
     task = ClassificationTask(num_classes=4, **TINY)
-    task.stage, task.ppo_steps = stage, steps
+    task.progress = Progress(stage, steps)
     checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
     task.on_save_checkpoint(checkpoint)
     assert checkpoint["splitlab"]["ppo_steps"] == steps

@@ -172,7 +172,7 @@ def test_a_config_that_is_not_yaml_names_its_file_and_line(shapes_root, tmp_path
             "model_name='vit_tiny_patch16_224': its pretrained weights could not be loaded",
         ),
         (
-            "from splitlab.data.common import load_hf_splits; load_hf_splits('ILSVRC/imagenet-1kk')",
+            "from splitlab.data.hf import load_hf_splits; load_hf_splits('ILSVRC/imagenet-1kk')",
             "data.hf_dataset='ILSVRC/imagenet-1kk': could not be loaded",
         ),
     ],

@@ -18,7 +18,7 @@ def test_detection_per_image_loss_and_metrics(tmp_path, detector) -> None:
     images, targets = next(iter(dm.train_dataloader()))
     task = tiny_detection_task(detector={"name": detector})
     for stage in ("warm_start", "ppo"):  # RPN proposals, then the layout-independent reference proposals
-        task.stage = stage
+        task.progress.enter(stage)
         outputs, layout = task(images)
         loss = task.per_image_loss(outputs, targets)
         assert loss.shape == (3,) and torch.isfinite(loss).all()

@@ -187,7 +187,7 @@ def single_task_twin(multi: MultiTaskSplit, name: str) -> SplitTask:
     single.model.backbone.load_state_dict(multi.model.backbone.state_dict())
     single.model.tokenizer.load_state_dict(multi.model.tokenizer.state_dict())
     single.model.head.load_state_dict(multi.model.members[name].head.state_dict())
-    single.stage = multi.stage  # PPO's: detection's RoI loss on the reference proposals
+    single.progress.enter(multi.stage)  # PPO's: detection's RoI loss on the reference proposals
     single.sync_deployed()
     return single.eval()
 

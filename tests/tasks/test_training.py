@@ -441,3 +441,17 @@ def test_estimated_labels_leave_ppo_unanchored_unless_asked(shapes_root, tmp_pat
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     assert [r for r in rows if r.get("train/ppo_epochs")]
     assert bool([r for r in rows if r.get("train/ppo_epochs") and r.get("train/imitation")]) is anchored
+
+
+def test_run_callbacks_come_from_the_installed_entry_points_not_an_import(monkeypatch) -> None:
+    """tasks/ imports no callback: `run_callbacks` finds splitlab's run callbacks through the
+    ``splitlab.run_callbacks`` entry points pyproject.toml declares, and says so where none is installed."""
+    import splitlab.tasks.training as training
+    from splitlab.callbacks import GracefulStop, SplitSchedule
+
+    added = training.run_callbacks([SplitSchedule(warm_start_epochs=2)], fitting=True)
+    kinds = {type(c) for c in added}
+    assert GracefulStop in kinds and SplitSchedule not in kinds  # the user's own schedule wins
+    monkeypatch.setattr(training, "entry_points", lambda group: [])
+    with pytest.warns(UserWarning, match="pip install -e"):
+        assert training.run_callbacks([], fitting=True) == []

@@ -139,3 +139,81 @@ def test_per_image_shares_weigh_every_image_alike_and_keep_its_order() -> None:
     torch.testing.assert_close(totals, torch.ones(2))
     assert shares[0][0].tolist() == [[0.25, -0.25]]
     torch.testing.assert_close(shares[1][1], torch.tensor([[0.0, 0.6]]))
+
+
+def test_fidelity_labels_read_the_models_own_prediction_not_the_targets() -> None:
+    """``label_source: fidelity``: the gains of the loss to the finest grid's own prediction (soft
+    classes), so the labels do not change with the batch's targets, unlike ``loss`` labels."""
+    from splitlab.tasks import ClassificationTask
+    from splitlab.training import finest_outputs
+    from tests.tasks.test_per_image_loss import TINY
+
+    task = ClassificationTask(num_classes=4, warm_start={"label_source": "fidelity"}, **TINY).eval()
+    torch.manual_seed(0)
+    images = torch.randn(6, 3, 64, 64)
+    labels, others = torch.tensor([0, 1, 2, 3, 0, 1]), torch.tensor([3, 3, 0, 1, 2, 2])
+    given = task.imitation_labels(images, (images, labels), 0.5)
+    again = task.imitation_labels(images, (images, others), 0.5)
+    assert all(torch.equal(a, b) for a, b in zip(given, again, strict=True))
+
+    own = finest_outputs(task.model, images).softmax(-1)
+
+    def divergence(outputs):  # cross-entropy to the own prediction: its KL up to a constant
+        return -(own * outputs.float().log_softmax(-1)).sum(-1)
+
+    expected = gain_labels(
+        per_image_shares(refinement_gains(task.model, images, divergence)), task.levels, 0.5, (8, 8)
+    )
+    assert all(torch.equal(a, b) for a, b in zip(given, expected, strict=True))
+    assert fraction_of(given, (8, 8)).mean().item() == pytest.approx(0.5, abs=0.03)
+
+
+def test_segmentations_own_targets_are_its_finest_classes_with_the_padding_kept() -> None:
+    from splitlab.tasks import SegmentationTask
+    from tests.tasks.test_segmentation import TINY
+
+    task = SegmentationTask(num_classes=4, ignore_index=255, **TINY).eval()
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 32, 32)
+    masks = torch.randint(0, 4, (2, 32, 32))
+    masks[:, 24:] = 255  # letterbox padding
+    from splitlab.training import finest_outputs
+
+    reference = finest_outputs(task.model, images)
+    own = task.logic.own_targets(reference, masks)
+    predicted = task.head.predict_masks(reference, (32, 32))
+    assert torch.equal(own[:, :24], predicted[:, :24]) and (own[:, 24:] == 255).all()
+    # each pixel's own class is its most likely one: the finest grid's loss to it is the least of any
+    to_own, to_masks = (task.logic.per_image_loss(reference, m, None) for m in (own, masks))
+    assert (to_own < to_masks).all()
+
+
+def test_entropy_labels_are_apts_layout_at_the_budget() -> None:
+    """``label_source: entropy``: the warm start imitates APT's pixel-entropy splits at the batch's
+    budget (no annotations, no model), which PPO then improves on with the task's reward."""
+    from splitlab.tasks import ClassificationTask
+    from splitlab.tokenizer import baseline_scores
+    from tests.tasks.test_per_image_loss import TINY
+
+    task = ClassificationTask(num_classes=4, warm_start={"label_source": "entropy"}, **TINY).eval()
+    torch.manual_seed(0)
+    images = torch.rand(6, 3, 64, 64)
+    images[:3, :, :32] = 0.5  # flat halves: low entropy, left coarse
+    given = task.imitation_labels(images, (images, torch.zeros(6, dtype=torch.long)), 0.4)
+    mean, std = task.model.preprocessing.mean, task.model.preprocessing.std
+    scores, cut = baseline_scores("entropy", images, task.levels, budget=0.4, mean=mean, std=std)
+    assert all(torch.equal(a, s > cut) for a, s in zip(given, scores, strict=True))
+    assert fraction_of(given, (8, 8)).mean().item() == pytest.approx(0.4, abs=0.05)
+    top = given[0][:3, :1].float().mean()  # the coarse row over the flat half
+    assert top < given[0][:3, 1:].float().mean()
+
+
+def test_fidelity_labels_are_refused_at_construction_where_a_task_has_no_own_targets() -> None:
+    """Detection (and VQA) have no targets from their own prediction yet: refused when the task is
+    built, naming the setting and what to use, not at the first warm-start batch."""
+    from tests.tasks.test_detection import tiny_detection_task
+
+    with pytest.raises(
+        NotImplementedError, match="label_source=fidelity: the detection task .* use label_source=loss"
+    ):
+        tiny_detection_task(warm_start={"label_source": "fidelity"})
