@@ -9,13 +9,19 @@ from typing import Any
 import torch
 from torch import Tensor
 from torchmetrics import MetricCollection
+from torchvision.models.detection.roi_heads import paste_masks_in_image
 
 from splitlab.heads import DetectorSettings, without_crowd
+from splitlab.heads.detection import PER_BOX
 from splitlab.metrics import cell_classes, coco_truth, detection_metrics, instance_label_map
 from splitlab.model import SplitDetector, SplitModel
 from splitlab.tasks.dense import DenseTask
 from splitlab.tasks.logic import LossInputs, RunFacts, TaskLogic
 from splitlab.tokenizer import TokenLayout
+
+OWN_SCORE = (
+    0.5  # the score from which a detection of the finest grid is an instance of ``fidelity``'s targets
+)
 
 
 class DetectionLogic(TaskLogic):
@@ -63,6 +69,22 @@ class DetectionLogic(TaskLogic):
         seeds = (base + 7919 * ids.long()).tolist()  # one host read for the batch, not one per image
         instances = [without_crowd(t) for t in targets]
         return self.head.per_image_loss(outputs, instances, seeds, reference=inputs.reference)
+
+    def own_targets(
+        self, reference: dict[str, Any], targets: list[dict[str, Tensor]]
+    ) -> list[dict[str, Tensor]]:
+        """The finest grid's confident detections (score at least `OWN_SCORE`) as each image's instances;
+        where the data gives masks (Mask R-CNN learns them), the detections' own, pasted at its size."""
+        own = []
+        for det, target in zip(self.head.detect(reference), targets, strict=True):
+            keep = det["scores"] >= OWN_SCORE
+            instances = {"boxes": det["boxes"][keep].float(), "labels": det["labels"][keep]}
+            if "masks" in target and "masks" in det:
+                size = tuple(target["masks"].shape[-2:])
+                pasted = paste_masks_in_image(det["masks"][keep].float(), instances["boxes"], size)
+                instances["masks"] = (pasted[:, 0] > 0.5).to(target["masks"].dtype)
+            own.append({**{k: v for k, v in target.items() if k not in PER_BOX}, **instances})
+        return own
 
     def build_metrics(self) -> MetricCollection:
         return detection_metrics(self.finest, self.thin_classes)

@@ -99,7 +99,7 @@ class TaskLogic:
         label source, the splits that keep the outputs closest to the finest grid's."""
         raise NotImplementedError(
             f"warm_start.label_source=fidelity: the {self.task_name} task has no targets of its own "
-            "prediction yet; use label_source=loss or embedding"
+            "prediction; use label_source=loss or embedding"
         )
 
     def build_metrics(self) -> MetricCollection:

@@ -219,7 +219,10 @@ class StageTraining(Optimization):
         if self.hparams.warm_start.label_source != "fidelity":
             return
         if type(self.logic).own_targets is TaskLogic.own_targets:
-            self.logic.own_targets(None, None)  # its one-line refusal, naming the setting
+            raise ValueError(
+                f"warm_start.label_source=fidelity: {type(self).__name__} has no targets of its own "
+                "prediction (TaskLogic.own_targets); use label_source=loss or embedding"
+            )
 
     def imitation_labels(
         self, images: Tensor, batch: Any, budget: float, tokens: list[Tensor] | None = None

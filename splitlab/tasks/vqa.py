@@ -52,6 +52,11 @@ class VQALogic(TaskLogic):
         metric = VQAAccuracy(list(self.question_types), mode=self.vqa_accuracy_mode)
         return MetricCollection({"vqa": metric})
 
+    def own_targets(self, reference: list[Tensor], targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The finest grid's greedy answers as each question's answer (the loss reads their NLL)."""
+        answers = self.model.answer(reference, [t["questions"] for t in targets])
+        return [{**t, "multiple_choice_answers": list(a)} for t, a in zip(targets, answers, strict=True)]
+
     def finish_outputs(self, outputs: list[Tensor], targets: list[dict[str, Any]]) -> list[list[str]]:
         """The answers (prefill and greedy decoding), inside the evaluation's clock: in VQA the
         language model is where the visual token count costs most."""

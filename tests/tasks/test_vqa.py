@@ -148,3 +148,30 @@ def test_a_llava_whose_projector_reads_another_width_is_refused(tmp_path) -> Non
         match=r"lm='.*llava': its projector reads 48-wide features, the backbone 'vit_tiny_patch16_224' gives 32",
     ):
         task_with(tmp_path, lm=str(tmp_path / "llava"))
+
+
+def test_vqas_own_targets_are_the_finest_grids_greedy_answers(tmp_path) -> None:
+    """``label_source: fidelity`` on VQA: each question's answer is the one the model gives on the
+    finest grid (the loss then reads its NLL), the rest of the target kept; the labels run."""
+    from splitlab.tokenizer import fraction_of
+    from splitlab.training import finest_outputs
+
+    task = task_with(tmp_path, warm_start={"label_source": "fidelity"}).eval()
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 64, 64)
+    targets = [
+        {
+            "questions": ["what color is it ?", "is it red ?"],
+            "multiple_choice_answers": ["red", "yes"],
+            "answers": [],
+        },
+        {"questions": ["what color is it ?"], "multiple_choice_answers": ["blue"], "answers": []},
+    ]
+    with torch.no_grad():
+        reference = finest_outputs(task.model, images)
+        own = task.logic.own_targets(reference, targets)
+        said = task.model.answer(reference, [t["questions"] for t in targets])
+    assert [t["multiple_choice_answers"] for t in own] == said and [len(a) for a in said] == [2, 1]
+    assert [t["questions"] for t in own] == [t["questions"] for t in targets]
+    labels = task.imitation_labels(images, (images, targets), 0.5)
+    assert fraction_of(labels, (8, 8)).mean().item() == pytest.approx(0.5, abs=0.05)

@@ -209,11 +209,13 @@ def test_entropy_labels_are_apts_layout_at_the_budget() -> None:
 
 
 def test_fidelity_labels_are_refused_at_construction_where_a_task_has_no_own_targets() -> None:
-    """Detection (and VQA) have no targets from their own prediction yet: refused when the task is
-    built, naming the setting and what to use, not at the first warm-start batch."""
-    from tests.tasks.test_detection import tiny_detection_task
+    """A multi-task model has no one prediction of its own to keep: refused when the task is built,
+    naming the setting and what to use, not at the first warm-start batch."""
+    from splitlab.tasks import MultiTaskSplit
+    from tests.tasks.test_multitask import tiny_tasks
 
+    vit = {"img_size": 64, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2}
     with pytest.raises(
-        NotImplementedError, match="label_source=fidelity: the detection task .* use label_source=loss"
+        ValueError, match="label_source=fidelity: MultiTaskSplit has no .* use label_source=loss"
     ):
-        tiny_detection_task(warm_start={"label_source": "fidelity"})
+        MultiTaskSplit(tasks=tiny_tasks(), backbone_kwargs=vit, warm_start={"label_source": "fidelity"})
