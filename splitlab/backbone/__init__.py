@@ -10,7 +10,8 @@ from splitlab.backbone.attention import (
     resolve_backend,
 )
 from splitlab.backbone.flops import backbone_flops, block_flops
-from splitlab.backbone.packed_vit import PackedAttention, PackedFeatures, PackedViT, create_vit
+from splitlab.backbone.packed_vit import PackedAttention, PackedFeatures, PackedViT
+from splitlab.backbone.rebuild import create_vit
 
 __all__ = [
     "BACKENDS",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import timm
@@ -19,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from splitlab.backbone.attention import PackedSequence, check_backend_name, resolve_backend
 from splitlab.backbone.families import check_family
 from splitlab.backbone.pooling import classifier, includes_prefix, pool_padded
+from splitlab.backbone.rebuild import create_vit
 from splitlab.backbone.rope import PackedRope
 from splitlab.tokenizer.layout import TokenLayout
 
@@ -167,40 +167,6 @@ class PackedFeatures:
         lengths = torch.tensor([len(r) for r in rows], device=self.tokens.device)
         x = pad_sequence(rows, batch_first=True)
         return x, torch.arange(x.shape[1], device=x.device)[None] < lengths[:, None]
-
-
-def create_vit(model_name: str, pretrained: bool = False, checkpoint_path: str = "", **kwargs) -> nn.Module:
-    """``timm.create_model`` with errors that name the setting.
-
-    With ``pretrained`` and local weights (``checkpoint_path``), the file takes the download's
-    place and goes through timm's pretrained loader, which adapts position and patch embeddings to
-    the model's size (the dense recipes run EVA-02 at /16 and 1024 px). timm's own
-    ``checkpoint_path`` would fetch the pretrained weights first (fails offline) and then load the
-    file strictly (fails at another size).
-    """
-    if not timm.is_model(model_name):
-        close = timm.list_models(f"*{model_name.split('.')[0][:12]}*")[:5]
-        hint = f" (close: {', '.join(close)})" if close else ""
-        raise ValueError(f"model_name={model_name!r} is not a timm model{hint}")
-    if checkpoint_path and not Path(checkpoint_path).is_file():
-        raise FileNotFoundError(
-            f"checkpoint_path={checkpoint_path}: no such file (the backbone's local weights)"
-        )
-    if pretrained and checkpoint_path:
-        overlay = {**kwargs.pop("pretrained_cfg_overlay", {}), "file": checkpoint_path, "source": ""}
-        if not checkpoint_path.endswith(".npz"):  # a torch / safetensors file, not the JAX weights' loader
-            overlay["custom_load"] = False
-        return timm.create_model(model_name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
-    try:
-        return timm.create_model(model_name, pretrained=pretrained, checkpoint_path=checkpoint_path, **kwargs)
-    except OSError as err:  # the hub unreachable (or offline) and no cached copy: name the ways out
-        if not pretrained:
-            raise
-        raise OSError(
-            f"model_name={model_name!r}: its pretrained weights could not be loaded ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:160]}); on a machine without the hub set model.init_args.backbone_kwargs.checkpoint_path "
-            "to a local weights file, or fill the Hugging Face cache elsewhere and set HF_HUB_OFFLINE=1"
-        ) from err
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:

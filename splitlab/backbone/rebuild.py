@@ -1,4 +1,5 @@
-"""The ``timm.create_model`` call that rebuilds a timm ViT a user already has.
+"""The ``timm.create_model`` calls: the one every backbone is built by (`create_vit`, errors that name
+the setting), and the one that rebuilds a timm ViT a user already has.
 
 A saved SPLIT model names its timm architecture and the arguments that differ from it, and
 `splitlab.load` rebuilds the backbone from them before loading the weights. The arguments are read
@@ -10,6 +11,7 @@ read is refused naming the first weight that would not fit, not rebuilt wrong.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import timm
@@ -109,3 +111,37 @@ def _on_meta(name: str, kwargs: dict[str, Any]) -> nn.Module:
     except (NotImplementedError, RuntimeError):
         with torch.inference_mode(False):
             return timm.create_model(name, pretrained=False, **kwargs)
+
+
+def create_vit(model_name: str, pretrained: bool = False, checkpoint_path: str = "", **kwargs) -> nn.Module:
+    """``timm.create_model`` with errors that name the setting.
+
+    With ``pretrained`` and local weights (``checkpoint_path``), the file takes the download's
+    place and goes through timm's pretrained loader, which adapts position and patch embeddings to
+    the model's size (the dense recipes run EVA-02 at /16 and 1024 px). timm's own
+    ``checkpoint_path`` would fetch the pretrained weights first (fails offline) and then load the
+    file strictly (fails at another size).
+    """
+    if not timm.is_model(model_name):
+        close = timm.list_models(f"*{model_name.split('.')[0][:12]}*")[:5]
+        hint = f" (close: {', '.join(close)})" if close else ""
+        raise ValueError(f"model_name={model_name!r} is not a timm model{hint}")
+    if checkpoint_path and not Path(checkpoint_path).is_file():
+        raise FileNotFoundError(
+            f"checkpoint_path={checkpoint_path}: no such file (the backbone's local weights)"
+        )
+    if pretrained and checkpoint_path:
+        overlay = {**kwargs.pop("pretrained_cfg_overlay", {}), "file": checkpoint_path, "source": ""}
+        if not checkpoint_path.endswith(".npz"):  # a torch / safetensors file, not the JAX weights' loader
+            overlay["custom_load"] = False
+        return timm.create_model(model_name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+    try:
+        return timm.create_model(model_name, pretrained=pretrained, checkpoint_path=checkpoint_path, **kwargs)
+    except OSError as err:  # the hub unreachable (or offline) and no cached copy: name the ways out
+        if not pretrained:
+            raise
+        raise OSError(
+            f"model_name={model_name!r}: its pretrained weights could not be loaded ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:160]}); on a machine without the hub set model.init_args.backbone_kwargs.checkpoint_path "
+            "to a local weights file, or fill the Hugging Face cache elsewhere and set HF_HUB_OFFLINE=1"
+        ) from err

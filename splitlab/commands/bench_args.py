@@ -16,6 +16,7 @@ from splitlab.commands.bench_measures import DTYPES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The model, its inputs' sizes, the device and the policy compared; then `add_passes`."""
     p = sub.add_parser("bench", help="SPLIT throughput against timm's uniform grid on the same batch")
     p.add_argument(
         "--model",
@@ -69,6 +70,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="the budget: token fraction of a calibrated layout (default 0.7)",
     )
+    add_passes(p)
+
+
+def add_passes(p: argparse.ArgumentParser) -> None:
+    """The inputs and the passes timed beside the forward: predict, training, the dense ideal, the LM."""
     p.add_argument("--images", default=None, help="a folder of images to use instead of random noise")
     p.add_argument(
         "--predict",

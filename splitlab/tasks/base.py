@@ -178,12 +178,8 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
 
     @property
     def stage(self) -> Stage:
-        """The stage training is in, and below the PPO updates run (`Progress`, their one writer)."""
+        """The stage training is in (`Progress`, its one writer, also counts the PPO updates run)."""
         return self.progress.stage
-
-    @property
-    def ppo_steps(self) -> int:
-        return self.progress.ppo_steps
 
     @property  # the deployed parts, as the model holds them
     def backbone(self) -> PackedViT:

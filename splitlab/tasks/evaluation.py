@@ -208,7 +208,9 @@ class PolicyEvaluation:
         else:
             if self.hparams.policy == "transferred":  # another run's policy
                 trained = "transferred"
-            elif self.stage != "ppo" or self.ppo_steps == 0:  # no PPO step ran: the policy only imitated
+            elif (
+                self.stage != "ppo" or self.progress.ppo_steps == 0
+            ):  # no PPO step ran: the policy only imitated
                 trained = "imitation"
             else:  # SPLIT, or its multi-task policy (`learned_name`)
                 trained = self.learned_name

@@ -170,4 +170,4 @@ def test_a_task_checkpoint_records_how_far_training_went(tmp_path, stage, steps,
     assert old == ("learned" if stage == "ppo" else state)
     reloaded = ClassificationTask(num_classes=4, **TINY)
     reloaded.on_load_checkpoint(checkpoint)
-    assert reloaded.stage == stage and reloaded.ppo_steps == (1 if stage == "ppo" else 0)
+    assert reloaded.stage == stage and reloaded.progress.ppo_steps == (1 if stage == "ppo" else 0)
