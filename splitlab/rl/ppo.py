@@ -30,7 +30,8 @@ class PPOConfig:
             alone). Where the labels are the oracle's (annotations), an anchor the noisy reward
             cannot walk the policy away from; where they are estimated (embedding differences), a
             pull toward labels the reward already beats (docs/oracle.md). None (the default): 1.0
-            with the oracle's labels, 0 with estimated ones (the task resolves it).
+            with labels that read the task (annotations, loss, fidelity), 0 with proxies (embedding
+            differences, entropy) (the task resolves it).
     """
 
     samples: int = 4

@@ -455,3 +455,23 @@ def test_run_callbacks_come_from_the_installed_entry_points_not_an_import(monkey
     monkeypatch.setattr(training, "entry_points", lambda group: [])
     with pytest.warns(UserWarning, match="pip install -e"):
         assert training.run_callbacks([], fitting=True) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "weight"),
+    [("annotations", 1.0), ("loss", 1.0), ("fidelity", 1.0), ("embedding", 0.0), ("entropy", 0.0)],
+)
+def test_ppos_default_anchor_follows_what_the_labels_read(source, weight) -> None:
+    """Labels that read the task (annotations, its loss, its own prediction) anchor PPO by default;
+    proxies of it (embedding differences, pixel entropy) do not; ``ppo.imitation`` overrides both."""
+    from splitlab.tasks import ClassificationTask
+    from tests.tasks.test_per_image_loss import TINY
+
+    assert (
+        ClassificationTask(num_classes=4, warm_start={"label_source": source}, **TINY).anchor_weight()
+        == weight
+    )
+    given = ClassificationTask(
+        num_classes=4, warm_start={"label_source": source}, ppo={"imitation": 0.3}, **TINY
+    )
+    assert given.anchor_weight() == 0.3
