@@ -27,8 +27,9 @@ SPLIT keeps: start from a pretrained ViT, or train it densely first, as the CI t
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import timm
 import torch
@@ -43,7 +44,14 @@ from splitlab.tokenizer import warm_start_labels
 from splitlab.training import imitation_loss, policy_loss, roll_out
 
 
-def warm_start_step(model: SplitModel, images, targets, optimizer, budget: float) -> float:
+def backward(loss: torch.Tensor) -> None:
+    """A plain loop's backward (Lightning Fabric passes its own: examples/fabric.py)."""
+    loss.backward()
+
+
+def warm_start_step(
+    model: SplitModel, images, targets, optimizer, budget: float, backward: Callable = backward
+) -> float:
     """Backbone and head learn on the label layouts, the decision module imitates the labels."""
     tokens, _ = model.tokenizer.embed(images, model.backbone)
     with torch.no_grad():  # the labels read the patch content, they are no training target of it
@@ -54,7 +62,7 @@ def warm_start_step(model: SplitModel, images, targets, optimizer, budget: float
     layout = model.tokenizer.tokenize(tokens, "labels", labels=labels, logits=logits)
     loss = F.cross_entropy(model.forward_layout(layout), targets) + imitation_loss(logits, labels)
     optimizer.zero_grad()
-    loss.backward()
+    backward(loss)
     optimizer.step()
     return loss.item()
 
@@ -68,6 +76,7 @@ def ppo_step(
     budget: float,
     cfg: PPOConfig,
     generator: torch.Generator,
+    backward: Callable = backward,
 ) -> float:
     """One PPO update of the decision module on ``cfg.samples`` sampled layouts per image (splitlab's
     own `roll_out` and `policy_loss`, which the Lightning task runs too); the mean sampled fraction."""
@@ -80,7 +89,7 @@ def ppo_step(
     for _ in range(cfg.epochs):
         surrogate, _, _ = policy_loss(model, rolled, budget, cfg)
         optimizer.zero_grad()
-        surrogate.backward()
+        backward(surrogate)
         torch.nn.utils.clip_grad_norm_(model.tokenizer.parameters(), cfg.max_grad_norm)
         optimizer.step()
     controller.update(rolled.layouts.fraction.mean(), 0)  # lambda rises while the fraction is over budget
@@ -99,9 +108,18 @@ def batches(loader: DataLoader, steps: int) -> Iterator[tuple[torch.Tensor, torc
 
 
 def train(
-    data: Path, out: Path, warm_steps: int = 60, ppo_steps: int = 60, budget: float = 0.5, seed: int = 0
+    data: Path,
+    out: Path,
+    warm_steps: int = 60,
+    ppo_steps: int = 60,
+    budget: float = 0.5,
+    seed: int = 0,
+    fabric: Any = None,
 ):
-    """Train SPLIT on the ImageFolder ``data/train`` with a tiny ViT/8 at 64 px; save to ``out``."""
+    """Train SPLIT on the ImageFolder ``data/train`` with a tiny ViT/8 at 64 px; save to ``out``.
+
+    ``fabric``: a launched `lightning.fabric.Fabric` that places model, optimizers and batches and runs
+    the backward (examples/fabric.py); the steps are the same functions either way."""
     torch.manual_seed(seed)
     train_set = datasets.ImageFolder(str(data / "train"))
     vit = timm.create_model(  # any timm ViT you have: pretrained=True where the hub is reachable
@@ -122,17 +140,25 @@ def train(
 
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
+    step_backward = backward
+    if fabric is not None:  # Fabric places them; the steps call the model's own methods, as a plain loop's do
+        _, optimizer = fabric.setup(model, optimizer)
+        loader, step_backward = fabric.setup_dataloaders(loader), fabric.backward
     for images, targets in batches(loader, warm_steps):
-        warm_start_step(model, images, targets, optimizer, budget)
+        warm_start_step(model, images, targets, optimizer, budget, step_backward)
 
     model.backbone.requires_grad_(False)  # PPO: the task model is frozen, only the policy learns
     model.backbone.eval()
     policy_optimizer = torch.optim.Adam(model.tokenizer.decision.parameters(), lr=1e-3)
+    if fabric is not None:
+        policy_optimizer = fabric.setup_optimizers(policy_optimizer)
     controller = FractionController(budget, lr=0.2, gain=1.0)
     cfg = PPOConfig(samples=2, epochs=2)
-    generator = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device  # where Fabric put it (a plain loop: the CPU)
+    controller.to(device)
+    generator = torch.Generator(device).manual_seed(seed)
     for images, targets in batches(loader, ppo_steps):
-        ppo_step(model, images, targets, policy_optimizer, controller, budget, cfg, generator)
+        ppo_step(model, images, targets, policy_optimizer, controller, budget, cfg, generator, step_backward)
 
     model.eval()
     files = [path for path, _ in train_set.samples[:256]]  # read as predict reads them
@@ -141,14 +167,18 @@ def train(
     return model, calibrated
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The loop's options (examples/fabric.py adds Fabric's)."""
     parser.add_argument("--data", type=Path, required=True, help="an ImageFolder root with a train/ folder")
     parser.add_argument("--out", type=Path, required=True, help="folder for the saved model (new)")
     parser.add_argument("--warm-steps", type=int, default=60)
     parser.add_argument("--ppo-steps", type=int, default=60)
     parser.add_argument("--budget", type=float, default=0.5)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0])).parse_args()
     _, calibrated = train(args.data, args.out, args.warm_steps, args.ppo_steps, args.budget)
     print(f"saved {args.out}: mean token fraction {calibrated.after:.3f} at budget {calibrated.budget}")
 
