@@ -19,9 +19,8 @@ from splitlab.tasks.dense import DenseTask
 from splitlab.tasks.logic import LossInputs, RunFacts, TaskLogic
 from splitlab.tokenizer import TokenLayout
 
-OWN_SCORE = (
-    0.5  # the score from which a detection of the finest grid is an instance of ``fidelity``'s targets
-)
+# the score from which a detection of the finest grid is an instance of ``fidelity``'s targets
+OWN_SCORE = 0.5
 
 
 class DetectionLogic(TaskLogic):

@@ -232,8 +232,10 @@ class StageTraining(Optimization):
         self, images: Tensor, batch: Any, budget: float, tokens: list[Tensor] | None = None
     ) -> list[Tensor]:
         """The warm start's split labels at ``budget`` (``label_source``): from embedding differences
-        (the paper's), the oracle's layout from the batch's annotations, or the splits worth most to
-        the task loss of the model as it is now (``tokens``: the batch's embeddings, if at hand)."""
+        (the paper's), the oracle's layout from the batch's annotations, the splits worth most to the
+        task loss of the model as it is now (``loss``) or that keep its outputs closest to its own on
+        the finest grid (``fidelity``), or APT's layout (``entropy``); ``tokens``: the batch's
+        embeddings, if at hand."""
         source = self.hparams.warm_start.label_source
         if source in ("loss", "fidelity"):
             _, targets = self.unpack_batch(batch)
