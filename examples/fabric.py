@@ -1,9 +1,8 @@
-"""SPLIT trained with Lightning Fabric: the plain loop's own steps (examples/plain_pytorch.py), with
-Fabric placing the model, optimizers and batches and running the backward.
+"""SPLIT trained with Lightning Fabric: the plain loop (examples/plain_pytorch.py) with Fabric placing
+the model, optimizers and batches and running the backward.
 
-No step is written again here: `warm_start_step` and `ppo_step` are the plain loop's, and they run
-splitlab's `imitation_loss`, `roll_out` and `policy_loss` (`splitlab.training`), the functions the
-Lightning task runs. On one device Fabric trains exactly what the plain loop trains (the same weights
+No step is written here: the loop drives splitlab's training object (`splitlab.training.SplitTraining`),
+the one the Lightning task drives, and gives it Fabric's backward. On one device Fabric trains exactly what the plain loop trains (the same weights
 for the same seed: `tests/examples/test_fabric.py`); ``--accelerator cuda`` and ``--precision
 bf16-mixed`` move the same loop to a GPU.
 

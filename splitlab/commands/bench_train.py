@@ -39,7 +39,7 @@ class StepClock(Callback):
         self.rollouts: list[float] = []
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        forward = pl_module.forward_layout
+        forward = pl_module.logic.forward_layout  # what the training object scores rollouts with
 
         def clocked(layout: Any) -> Any:  # PPO scores its samples without autograd
             if pl_module.stage != "ppo" or torch.is_grad_enabled():
@@ -51,7 +51,7 @@ class StepClock(Callback):
             self._rollout += time.perf_counter() - started
             return outputs
 
-        pl_module.forward_layout = clocked
+        pl_module.logic.forward_layout = clocked
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         synchronize(pl_module.device)

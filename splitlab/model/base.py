@@ -137,7 +137,8 @@ class SplitModel(nn.Module, HubWeights):
         # where entropy > cut), and the budget they were set for (-1: not set yet; a fit sets them
         # from entropy_thresholds or by a search on its calibration sample)
         self.register_buffer("apt_cuts", torch.zeros(levels.num - 1))
-        self.register_buffer("apt_fraction", torch.tensor(-1.0))
+        self.register_buffer("apt_budget", torch.tensor(-1.0))
+        self.register_load_state_dict_pre_hook(_older_apt_budget)
         self.head = self.build_head(cfg["head"])
         self.policy: str = cfg["policy"]
         self.budget = budget
@@ -325,8 +326,8 @@ class SplitModel(nn.Module, HubWeights):
         return policy
 
     def apt_ready(self, budget: float) -> bool:
-        """Whether APT's fixed cuts are set for ``budget`` (``apt_fraction`` is -1 until they are)."""
-        return abs(float(self.apt_fraction) - budget) < 1e-6
+        """Whether APT's fixed cuts are set for ``budget`` (``apt_budget`` is -1 until they are)."""
+        return abs(float(self.apt_budget) - budget) < 1e-6
 
     def scores(
         self, policy: str, images: Tensor, budget: float, generator: torch.Generator | None = None
@@ -443,3 +444,9 @@ class SplitModel(nn.Module, HubWeights):
         from splitlab.model.predict import predict
 
         return predict(self, inputs, **options)
+
+
+def _older_apt_budget(module: nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
+    """A file written before the name said what it holds keeps APT's budget as ``apt_fraction``."""
+    if prefix + "apt_fraction" in state:
+        state[prefix + "apt_budget"] = state.pop(prefix + "apt_fraction")

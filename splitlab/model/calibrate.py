@@ -150,7 +150,7 @@ def fit_sample(
         model.tokenizer.operating_points.fit_sample(chosen, finest=finest)
     else:
         model.apt_cuts.copy_(level_thresholds(chosen[0], budget, finest))
-        model.apt_fraction.fill_(budget)
+        model.apt_budget.fill_(budget)
     model.set_deployment(budget=budget)
 
 

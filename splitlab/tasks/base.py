@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, is_dataclass
-from functools import partial
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -16,11 +13,10 @@ from torchmetrics import MetricCollection
 from splitlab.backbone import PackedViT
 from splitlab.lightning_private import attached_trainer
 from splitlab.model import SplitModel
-from splitlab.model.base import DEPLOYS
-from splitlab.rl import BudgetSampler, FractionController, PPOConfig
+from splitlab.rl import PPOConfig
 from splitlab.tasks.calibration import Calibration
 from splitlab.tasks.evaluation import PolicyEvaluation
-from splitlab.tasks.logic import LossInputs, TaskLogic, own_settings
+from splitlab.tasks.logic import TaskLogic, own_settings
 from splitlab.tasks.settings import (
     GROUPS,
     ControllerSettings,
@@ -29,41 +25,16 @@ from splitlab.tasks.settings import (
     PolicyOptions,
     TokenizerSettings,
     WarmStartSettings,
+    model_config,
     settings_of,
+    training_settings,
 )
 from splitlab.tasks.state import SamplingStream, TaskState
 from splitlab.tasks.training import StageTraining
 from splitlab.tasks.transfer import check_policy, transferred_decision
-from splitlab.tokenizer import LabelEmbedding, Levels, SplitTokenizer, TokenLayout, budget_points
-from splitlab.training import finest_outputs, refinement_gains
-from splitlab.training.progress import Progress, Stage
-
-
-def _config_value(value: Any) -> Any:
-    """A setting as config.json holds it: a settings group as the mapping of its fields."""
-    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else copy.deepcopy(value)
-
-
-def model_config(hparams: Mapping[str, Any], head_keys: Sequence[str]) -> dict[str, Any]:
-    """The `SplitModel` config (config.json's flat names) of a task's settings: the backbone and
-    tokenizer, the budget range as its points, the deployed policy, and the head's ``head_keys``."""
-    kwargs = copy.deepcopy(dict(hparams["backbone_kwargs"] or {}))
-    tokenizer: TokenizerSettings = hparams["tokenizer"]
-    budget, budget_range = float(hparams["budget"]), hparams["budget_range"]
-    config = {
-        "backbone": hparams["backbone"],
-        "pretrained": hparams["pretrained"],
-        # timm's local weights and PackedViT's backend: config.json keeps them apart from timm's sizes
-        **{key: kwargs.pop(key) for key in ("checkpoint_path", "attn_backend") if key in kwargs},
-        "backbone_kwargs": kwargs,
-        **asdict(tokenizer),
-        "budget": budget,
-        "budget_points": budget_points(budget_range) if budget_range is not None else [budget],
-        "max_fraction": hparams["max_fraction"],
-        "policy": DEPLOYS.get(hparams["policy"], hparams["policy"]),  # a transferred policy is learned
-        "head": {k: _config_value(hparams[k]) for k in head_keys if k in hparams},
-    }
-    return config
+from splitlab.tokenizer import Levels, SplitTokenizer, TokenLayout
+from splitlab.training import SplitTraining
+from splitlab.training.progress import Stage
 
 
 class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, LightningModule):
@@ -144,7 +115,6 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         self.automatic_optimization = False
         options = hp.policy_options
         check_policy(policy, budget_range, options.policy_checkpoint, options.transfer_finetune)
-        self.progress = Progress()  # the stage and the PPO updates run: one writer each
         self.sampling = SamplingStream(options.sampling_seed)
         self.configure_models()
         if policy == "transferred":  # another run's decision module, deployed frozen
@@ -159,27 +129,37 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
 
     # ----------------------------------------------------------------------------- building
     def configure_models(self) -> None:
-        """The deployable model (`SplitModel`: backbone, tokenizer, head) and the fraction controller."""
+        """The deployable model (`SplitModel`: backbone, tokenizer, head), the task's own code
+        (``logic``) and the training object (``algorithm``), whose state the task registers."""
         hp = self.hparams
         self.model = self.model_class(model_config(hp, self.model_class.head_keys))
-        self.logic = self.logic_class(self.model, **own_settings(self.logic_class, type(self), hp))
-        self.label_embedding = LabelEmbedding(self.backbone.model.patch_embed)  # the warm start's target
-        points = self.model.tokenizer.operating_points.budgets.tolist()
+        self.logic = self.build_logic()
         self.check_budgets()
-        self.budget_sampler = BudgetSampler(len(points))
-        self.controller = FractionController(  # λ per budget point
-            points,
-            hp.controller.lr,
-            hp.controller.gain,
-            hp.controller.damping,
-            init=hp.controller.init,
-            reduce=self.mean_over_ranks,
+        self.algorithm = SplitTraining(
+            self.model,
+            self.logic,
+            training_settings(hp),
+            self.mean_over_ranks,
+            lambda: self.generator,
+            self.task_modules(),
         )
+        # the algorithm's state, under the names checkpoints keep it by
+        self.controller = self.algorithm.controller  # λ per budget point
+        self.budget_sampler = self.algorithm.budget_sampler
+        self.label_embedding = self.algorithm.label_embedding  # the warm start's label target
+
+    def build_logic(self) -> TaskLogic:
+        """The task's own code: ``logic_class`` on the model, with the task's own settings."""
+        return self.logic_class(self.model, **own_settings(self.logic_class, type(self), self.hparams))
+
+    def task_modules(self) -> list[nn.Module]:
+        """What the task optimizer trains and frozen stages freeze: backbone, embeddings, head."""
+        return [self.backbone, self.tokenizer.embed, *([self.head] if self.head is not None else [])]
 
     @property
     def stage(self) -> Stage:
         """The stage training is in (`Progress`, its one writer, also counts the PPO updates run)."""
-        return self.progress.stage
+        return self.algorithm.stage
 
     @property  # the deployed parts, as the model holds them
     def backbone(self) -> PackedViT:
@@ -218,18 +198,14 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     def per_image_loss(self, outputs: Any, targets: Any, generator: torch.Generator | None = None) -> Tensor:
         """The task loss of each image, ``(B,)``: its mean trains the task, its values are PPO rewards
         (``generator``: the random source of a loss that samples, default the run's)."""
-        inputs = LossInputs(self.generator if generator is None else generator, self.stage == "ppo")
-        return self.logic.per_image_loss(outputs, targets, inputs)
+        return self.algorithm.per_image_loss(outputs, targets, generator)
 
     def loss_gains(
         self, images: Tensor, targets: Any, generator: Any = None, tokens: Any = None, own: bool = False
     ) -> list[Tensor]:
         """How much each split lowers this batch's task loss (`refinement_gains`): ``loss`` labels, ``loss_oracle``;
         with ``own``, the loss to the model's own prediction on the finest grid (``fidelity`` labels)."""
-        if own:  # (no gradient: `finest_outputs`)
-            targets = self.logic.own_targets(finest_outputs(self.model, images, tokens), targets)
-        loss = partial(self.per_image_loss, targets=targets, generator=generator)
-        return refinement_gains(self.model, images, loss, self.hparams.warm_start.loss_steps, tokens)
+        return self.algorithm.loss_gains(images, targets, generator, tokens, own)
 
     def update_metrics(
         self, metrics: MetricCollection, outputs: Any, targets: Any, layout: TokenLayout
@@ -244,8 +220,8 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
 
     # ----------------------------------------------------------------------------- forward
     def forward_layout(self, layout: TokenLayout) -> Any:
-        """Task outputs of a layout (the model's packed backbone and head)."""
-        return self.model.forward_layout(layout)
+        """Task outputs of a layout (the model's packed backbone and head, as the task's logic runs them)."""
+        return self.logic.forward_layout(layout)
 
     def forward(
         self,
@@ -265,11 +241,11 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     def deployed_policy(self) -> str:
         """What inference uses: the trained policy (``policy``), or the uniform grid while only dense
         training has run."""
-        return "uniform" if self.stage == "dense" else DEPLOYS.get(self.hparams.policy, self.hparams.policy)
+        return self.algorithm.deployed_policy
 
     def sync_deployed(self) -> None:
         """Tell the model which policy it deploys (and so which one its hard cap binds)."""
-        self.model.policy = self.deployed_policy
+        self.algorithm.sync_deployed()
 
     # ----------------------------------------------------------------------------- ranks
     @property

@@ -56,7 +56,8 @@ class Calibration:
         the COCO twin: deployed 0.44 for a budget of 0.50); before each validation of a fit the
         cuts are therefore recomputed exactly, as "precise BatchNorm" recomputes statistics:
         ``calibration_images`` training images (the same ones every time, with the training
-        transforms) through embedding and decision module only, no backbone. The global RNG is
+        transforms) through embedding and decision module only, no backbone
+        (`SplitTraining.fit_cuts`). The global RNG is
         forked, so training randomness is unchanged; under DDP the cuts are averaged over ranks.
         With ``policy: entropy`` APT's fixed per-level entropy cuts are set once (`set_apt_cuts`; its
         metric search runs backbone and head on the sample too).
@@ -67,37 +68,21 @@ class Calibration:
         thresholds = self.hparams.policy_options.entropy_thresholds
         if apt and thresholds is not None:  # APT's own thresholds: no calibration
             self.model.apt_cuts.copy_(cuts_from_thresholds(thresholds, self.levels))
-            self.model.apt_fraction.fill_(self.budget)
+            self.model.apt_budget.fill_(self.budget)
         sample = self.calibration_sample(count) if count > 0 and (learned or apt) else None
         if sample is None:
             return
-        points = self.tokenizer.operating_points
-        budgets = points.calibration_budgets()  # the points, and budgets between them
-        logits: list[list[list[Tensor]]] = [[] for _ in budgets]
-        entropies: list[list[Tensor]] = []
-        mean, std = self.model.preprocessing.mean, self.model.preprocessing.std
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), self.trainer.precision_plugin.forward_context():
-            for batch in sample:
-                images, _ = self.unpack_batch(self.transfer_batch_to_device(batch, self.device, 0))
-                finest = self.levels.finest_grid(images.shape[-2:])
-                if apt:
-                    entropies.append(entropy_scores(images, self.levels, mean=mean, std=std))
-                if not learned:
-                    continue
-                tokens, _ = self.tokenizer.embed(images, self.backbone)
-                for j, budget in enumerate(budgets):
-                    logits[j].append(self.tokenizer.decision_logits(tokens, budget))
+            # (made in here: a loader's iterator draws its base seed from the global RNG)
+            images = (self.unpack_batch(self.transfer_batch_to_device(b, self.device, 0))[0] for b in sample)
             if apt:
-                self.set_apt_cuts(sample, entropies)
-        if not learned:
-            return
-        # the cuts, and the spreads: any cap meets the budgets too
-        points.fit_sample(
-            [[torch.cat(level) for level in zip(*at, strict=True)] for at in logits],
-            self.mean_over_ranks,
-            finest,
-        )
+                mean, std = self.model.preprocessing.mean, self.model.preprocessing.std
+                self.set_apt_cuts(
+                    sample, [entropy_scores(x, self.levels, mean=mean, std=std) for x in images]
+                )
+            elif learned:  # the training object's cuts, from the sample's logits
+                self.algorithm.fit_cuts(images)
 
     def calibration_sample(self, count: int) -> Iterable[Any] | None:
         """The fixed calibration batches: ``count`` training images (the same ones every time, with the
@@ -169,7 +154,7 @@ class Calibration:
                 )
                 how = f"{describe_search(records)}, {time.perf_counter() - started:.1f} s"
             self.model.apt_cuts.copy_(self.mean_over_ranks(cuts))
-            self.model.apt_fraction.fill_(self.budget)
+            self.model.apt_budget.fill_(self.budget)
         fraction = float(layout_fraction(per_level, self.model.apt_cuts, finest).mean())
         rank_zero_info(
             f"splitlab: APT's cuts {[round(c, 3) for c in self.model.apt_cuts.tolist()]} bits for the "

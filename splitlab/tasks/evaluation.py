@@ -209,7 +209,7 @@ class PolicyEvaluation:
             if self.hparams.policy == "transferred":  # another run's policy
                 trained = "transferred"
             elif (
-                self.stage != "ppo" or self.progress.ppo_steps == 0
+                self.stage != "ppo" or self.algorithm.progress.ppo_steps == 0
             ):  # no PPO step ran: the policy only imitated
                 trained = "imitation"
             else:  # SPLIT, or its multi-task policy (`learned_name`)

@@ -14,22 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
 from splitlab.model import SplitModel
 from splitlab.tokenizer import TokenLayout
-
-
-@dataclass(frozen=True)
-class LossInputs:
-    """What a per-image loss may read of the run: the policy's sampling generator (detection seeds
-    its heads' samplers from it, so that resumed runs repeat them) and whether the RoI loss is taken
-    on PPO's layout-independent reference proposals."""
-
-    generator: torch.Generator
-    reference: bool = False
+from splitlab.training.task import LossInputs
 
 
 @dataclass(frozen=True)
@@ -88,6 +78,10 @@ class TaskLogic:
     def repeat_targets(self, targets: Any, times: int) -> Any:
         """Targets for ``times`` rollouts of the batch, rollout after rollout."""
         return targets.repeat(times, *([1] * (targets.dim() - 1)))
+
+    def forward_layout(self, layout: TokenLayout) -> Any:
+        """The task's outputs on a layout: the model's packed backbone and head."""
+        return self.model.forward_layout(layout)
 
     def per_image_loss(self, outputs: Any, targets: Any, inputs: LossInputs) -> Tensor:
         """The task loss of each image, shape ``(B,)``: its mean trains the task, its values are PPO rewards."""

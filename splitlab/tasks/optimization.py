@@ -20,56 +20,24 @@ class Optimization:
     exactly as Lightning's docs describe it: ``self.optimizers()``, ``manual_backward``, schedulers
     stepped by hand.
 
-    Owns the stage plan and the length of PPO; uses of its task only what `SplitTask` defines
-    (its parts, ``hparams``, ``controller``) and Lightning's API.
+    Owns the stage plan and the length of PPO; the optimizers themselves are the training object's
+    (`SplitTraining.optimizers`); uses of its task only what `SplitTask` defines and Lightning's API.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.stage_plan: dict[str, int] | None = None
-        self._ppo_total_steps = 1
-
-    def task_modules(self) -> list[torch.nn.Module]:
-        """What the task optimizer trains and frozen stages freeze: backbone, embeddings, head."""
-        modules: list[torch.nn.Module] = [self.backbone, self.tokenizer.embed]
-        if self.head is not None:
-            modules.append(self.head)
-        return modules
+        self.ppo_total_steps = 1  # PPO batches planned in this fit (`configure_optimizers`)
 
     def plan_stages(self, dense: int, warm_start: int, ppo: int) -> None:
         """Epochs of each stage in this fit, so learning-rate schedules span the right number of steps."""
         self.stage_plan = {"dense": int(dense), "warm_start": int(warm_start), "ppo": int(ppo)}
 
     def configure_optimizers(self) -> Any:
-        hp = self.hparams
-        decay, no_decay = [], []
-        timm_model = self.backbone.model  # timm's own list of parameters without weight decay, if any
-        skip = {f"model.{n}" for n in getattr(timm_model, "no_weight_decay", lambda: set())()}
-        for module in self.task_modules():
-            for name, param in module.named_parameters():
-                (no_decay if param.ndim <= 1 or name in skip or "level_embed" in name else decay).append(
-                    param
-                )
-        task_opt = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": hp.optim.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=hp.optim.lr,
-        )
-        policy_opt = torch.optim.Adam(self.tokenizer.decision.parameters(), lr=hp.optim.policy_lr)
-        total = max(self._stage_steps("supervised"), 1)
-        self._ppo_total_steps = max(self._stage_steps("ppo"), 1)
-        warmup = min(hp.optim.warmup_steps, total)
-
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-        task_sched = torch.optim.lr_scheduler.LambdaLR(task_opt, schedule)
-        return [task_opt, policy_opt], [task_sched]
+        """The training object's two optimizers and the task's schedule, over this fit's stage plan."""
+        optimizers = self.algorithm.optimizers(self._stage_steps("supervised"), self._stage_steps("ppo"))
+        self.ppo_total_steps = optimizers.ppo_steps  # the policy's learning rate anneals over them
+        return [optimizers.task, optimizers.policy], [optimizers.task_schedule]
 
     def _stage_steps(self, which: str) -> int:
         """Batches the supervised stages (dense + warm start) or PPO will see in this fit.
@@ -84,24 +52,6 @@ class Optimization:
         per_epoch = math.ceil(trainer.estimated_stepping_batches / trainer.max_epochs)
         supervised = plan["dense"] + plan["warm_start"]
         return per_epoch * (supervised if which == "supervised" else trainer.max_epochs - supervised)
-
-    def set_policy_lr(self, stage: str) -> None:
-        """The decision module's learning rate for ``stage``: ``imitation_lr`` outside PPO; in PPO
-        ``policy_lr`` annealed (cosine to 5%) over the PPO batches.
-
-        Late in PPO the policy should settle where λ holds it: a fast-moving policy at the end
-        leaves the deployed fraction wherever the last oscillation put it. The PPO step count is
-        the controller's (checkpointed) step counter, so the schedule survives resume.
-        """
-        if attached_trainer(self) is None or not self.trainer.optimizers:
-            return
-        if stage == "ppo":
-            progress = min(self.controller.total_steps / self._ppo_total_steps, 1.0)
-            lr = self.hparams.optim.policy_lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress)))
-        else:
-            lr = self.hparams.warm_start.imitation_lr
-        for group in self.trainer.optimizers[1].param_groups:
-            group["lr"] = lr
 
     def backward_synced(self, loss: Tensor, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """``manual_backward``, then one coalesced all-reduce (mean) of the optimizers' gradients under

@@ -242,10 +242,10 @@ class TaskState:
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # the settings groups as plain mappings: a checkpoint holds data, never a class to import
         checkpoint["hyper_parameters"] = plain(checkpoint.get("hyper_parameters", {}))
-        self.model.trained = self.progress.record()  # what `holds` reports
+        self.model.trained = self.algorithm.progress.record()  # what `holds` reports
         checkpoint["splitlab"] = {
             "task_class": f"{type(self).__module__}.{type(self).__qualname__}",
-            **self.progress.record(),
+            **self.algorithm.progress.record(),
             "generators": self._generator_states(),
             "model": self.model.export_config(),  # what `splitlab.load` rebuilds the model from
         }
@@ -281,7 +281,7 @@ class TaskState:
             self.model.names = list(saved["names"])
         if saved.get("head", {}).get("category_ids"):
             self.model.config["head"]["category_ids"] = list(saved["head"]["category_ids"])
-        if self.progress.restore(state):
+        if self.algorithm.progress.restore(state):
             self.sync_deployed()
         states = state.get("generators", [])
         ranks = self.trainer.world_size if attached_trainer(self) is not None else 1

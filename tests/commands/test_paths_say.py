@@ -151,11 +151,10 @@ def test_a_task_checkpoint_records_how_far_training_went(tmp_path, stage, steps,
     """What `splitlab.load` reads of a ``.ckpt``: the stage and the PPO steps the task saved; a checkpoint
     written before the record (its stage only) is read from the stage."""
     from splitlab.tasks import ClassificationTask
-    from splitlab.training import Progress
     from tests.tasks.test_per_image_loss import TINY
 
     task = ClassificationTask(num_classes=4, **TINY)
-    task.progress = Progress(stage, steps)
+    task.algorithm.progress.restore({"stage": stage, "ppo_steps": steps})
     checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
     task.on_save_checkpoint(checkpoint)
     assert checkpoint["splitlab"]["ppo_steps"] == steps
@@ -170,4 +169,4 @@ def test_a_task_checkpoint_records_how_far_training_went(tmp_path, stage, steps,
     assert old == ("learned" if stage == "ppo" else state)
     reloaded = ClassificationTask(num_classes=4, **TINY)
     reloaded.on_load_checkpoint(checkpoint)
-    assert reloaded.stage == stage and reloaded.progress.ppo_steps == (1 if stage == "ppo" else 0)
+    assert reloaded.stage == stage and reloaded.algorithm.progress.ppo_steps == (1 if stage == "ppo" else 0)

@@ -227,3 +227,14 @@ def test_a_checkpoint_of_a_task_loads_as_its_model(tmp_path) -> None:
         f"model={str(tmp_path / 'old.ckpt')!r} records no model config (splitlab.model): it was not written "
         f"by this splitlab version ({splitlab.__version__})"
     )
+
+
+def test_a_file_from_before_apt_budget_was_named_so_loads_its_apt_budget() -> None:
+    """APT's budget was saved as ``apt_fraction`` (a budget, not a fraction of anything measured):
+    older checkpoints and saved models keep that name, and load it as ``apt_budget``."""
+    model = tiny_model("classification")
+    state = model.state_dict()
+    state["apt_fraction"] = torch.tensor(0.4)
+    del state["apt_budget"]
+    model.load_state_dict(state)
+    assert model.apt_ready(0.4) and float(model.apt_budget) == pytest.approx(0.4)

@@ -96,3 +96,56 @@ def test_the_users_own_schedule_wins_and_an_imitation_only_policy_is_not_called_
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["trained_policy"] == "imitation" and "learned" not in summary["policies"]
     assert {"imitation", "uniform", "random", "oracle"} <= set(summary["policies"])
+
+
+def test_a_plain_loop_driving_the_training_object_trains_what_trainer_fit_trains(
+    cli_run, shapes_root, tmp_path
+) -> None:
+    """`SplitTraining` is the algorithm, whoever drives it: a plain loop over the same batches (the
+    same stages, optimizers, steps and sampling stream, no Lightning in the loop) ends with the
+    weights, λ and operating points `Trainer().fit` ends with, and the same summary. The deployed cuts
+    are the training steps' own running calibration in both (``calibration_images: 0``)."""
+    from dataclasses import replace
+
+    import torch
+
+    _, settings, data_settings = cli_run
+    settings = {**settings, "evaluation": replace(settings["evaluation"], calibration_images=0)}
+    fitted = python_fit(settings, data_settings, tmp_path / "fit").lightning_module
+
+    L.seed_everything(0)
+    task = ClassificationTask(**settings)
+    data = ImageClassificationData(**data_settings)
+    data.setup("fit")
+    task.adopt_data(data)  # the names and preprocessing the summary's run records
+    training, loader = task.algorithm, data.train_dataloader()
+    steps = training.optimizers(len(loader), len(loader))  # one warm-start epoch, one PPO epoch
+    task.train()
+    for epoch, stage in enumerate(("warm_start", "ppo")):
+        training.enter(stage)
+        loader.sampler.set_epoch(epoch)
+        for batch in loader:
+            images, targets = training.task.unpack_batch(batch)
+            training.training_step(images, targets, batch, steps)
+
+    mine, theirs = task.state_dict(), fitted.state_dict()
+    assert mine.keys() == theirs.keys()
+    for key in mine:
+        torch.testing.assert_close(mine[key], theirs[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert training.progress.record() == fitted.algorithm.progress.record()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path / "plain", name="", version=""),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.validate(task, data)
+    expected = json.loads((tmp_path / "fit" / "summary.json").read_text())
+    got = json.loads((tmp_path / "plain" / "summary.json").read_text())
+    assert got["trained_policy"] == expected["trained_policy"] == "learned"
+    assert got["lambda"] == pytest.approx(expected["lambda"], abs=1e-6)
+    want, have = rows(expected), rows(got)
+    assert set(have) == set(want) and {"learned", "uniform"} <= set(want)
+    for name, row in want.items():
+        for key, value in row.items():
+            assert have[name][key] == pytest.approx(value, abs=1e-6), (name, key)

@@ -35,7 +35,9 @@ def test_the_overlay_trains_as_the_recipe_does_without_boxes(tmp_path) -> None:
     assert model["warm_start"]["teacher_forcing"] == alone["warm_start"]["teacher_forcing"] == 0.0
     assert twin["model"]["init_args"]["ppo"]["samples"] == 4
     assert twin["model"]["init_args"]["warm_start"]["teacher_forcing"] == 0.5
-    assert model["ppo"]["imitation"] is None  # resolved to 0 by the label source (SplitTask.anchor_weight)
+    assert (
+        model["ppo"]["imitation"] is None
+    )  # resolved to 0 by the label source (SplitTraining.anchor_weight)
     assert "oracle" not in model["evaluation"]["eval_baselines"]
     # everything else is the twin's: the overlay changes only what the missing boxes change
     for key in ("tokenizer", "budget", "budget_range", "optim", "controller", "backbone_kwargs"):

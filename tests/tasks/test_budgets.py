@@ -310,7 +310,7 @@ def test_apt_thresholds_from_the_setting_are_its_cuts(shapes_root, tmp_path) -> 
     saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     assert (
         saved["model.apt_cuts"].tolist() == pytest.approx([1.0, 1.5])
-        and float(saved["model.apt_fraction"]) == 0.5
+        and float(saved["model.apt_budget"]) == 0.5
     )
     model = cli.model.model.eval()
     mean = torch.tensor(model.preprocessing.mean).view(1, 3, 1, 1)
@@ -350,6 +350,6 @@ def test_apt_metric_search_waits_for_the_dense_stage(shapes_root, tmp_path, capl
     checkpoints = tmp_path / "checkpoints"
     dense = torch.load(next(checkpoints.glob("epoch=0-*.ckpt")), weights_only=False)["state_dict"]
     warm = torch.load(next(checkpoints.glob("epoch=1-*.ckpt")), weights_only=False)["state_dict"]
-    assert float(dense["model.apt_fraction"]) == -1.0 and float(warm["model.apt_fraction"]) == 0.5
+    assert float(dense["model.apt_budget"]) == -1.0 and float(warm["model.apt_budget"]) == 0.5
     said = [r.getMessage() for r in caplog.records if "APT's cuts" in r.getMessage()]
     assert len(said) == 1 and "metric search, 10 candidates" in said[0]

@@ -18,7 +18,7 @@ def test_detection_per_image_loss_and_metrics(tmp_path, detector) -> None:
     images, targets = next(iter(dm.train_dataloader()))
     task = tiny_detection_task(detector={"name": detector})
     for stage in ("warm_start", "ppo"):  # RPN proposals, then the layout-independent reference proposals
-        task.progress.enter(stage)
+        task.algorithm.progress.enter(stage)
         outputs, layout = task(images)
         loss = task.per_image_loss(outputs, targets)
         assert loss.shape == (3,) and torch.isfinite(loss).all()
@@ -97,5 +97,5 @@ def test_a_detectors_own_targets_are_its_confident_detections_with_their_masks_p
     assert not own[0]["masks"][0, 2, 2] and own[1]["boxes"].shape == (0, 4)
     assert torch.equal(own[0]["image_id"], targets[0]["image_id"])
     del task.head.detect  # the detector's own: its real detections are the targets
-    labels = task.imitation_labels(images, (images, targets), 0.5)
+    labels = task.algorithm.imitation_labels(images, (images, targets), 0.5)
     assert fraction_of(labels, (8, 8)).mean().item() == pytest.approx(0.5, abs=0.05)

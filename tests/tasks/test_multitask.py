@@ -13,9 +13,9 @@ from splitlab.cli import lightning_main
 from splitlab.data import generate_ade20k, generate_coco
 from splitlab.model import SplitMultiTask, load
 from splitlab.tasks import MultiTaskSplit, SplitTask, load_task
-from splitlab.tasks.logic import LossInputs
 from splitlab.tasks.multitask import TASK_CLASSES
 from splitlab.tasks.state import SamplingStream
+from splitlab.training import LossInputs
 from tests.helpers import schedule_args, twin_configs
 
 SIZE = 64
@@ -109,7 +109,7 @@ def test_one_run_trains_and_reports_both_tasks(run) -> None:
     # the deployed cut was fitted on both tasks' images (16 validation images: sampling noise)
     assert learned["token_fraction_mean"] == pytest.approx(0.5, abs=0.12)
     task = cli.model
-    assert task.stage == "ppo" and bool((task.loss_scale > 0).all())  # both tasks' running losses
+    assert task.stage == "ppo" and bool((task.loss_scale.value > 0).all())  # both tasks' running losses
 
 
 def test_the_trained_model_loads_and_predicts_both_tasks_as_validate_scores(run, data_root) -> None:
@@ -174,7 +174,7 @@ def test_per_image_losses_are_each_images_own_task_loss_over_its_scale(run, data
         seg_targets,
         LossInputs(task.generator),
     )
-    torch.testing.assert_close(losses[positions], own / task.loss_scale[1])
+    torch.testing.assert_close(losses[positions], own / task.loss_scale.value[1])
 
 
 def single_task_twin(multi: MultiTaskSplit, name: str) -> SplitTask:
@@ -187,7 +187,7 @@ def single_task_twin(multi: MultiTaskSplit, name: str) -> SplitTask:
     single.model.backbone.load_state_dict(multi.model.backbone.state_dict())
     single.model.tokenizer.load_state_dict(multi.model.tokenizer.state_dict())
     single.model.head.load_state_dict(multi.model.members[name].head.state_dict())
-    single.progress.enter(multi.stage)  # PPO's: detection's RoI loss on the reference proposals
+    single.algorithm.progress.enter(multi.stage)  # PPO's: detection's RoI loss on the reference proposals
     single.sync_deployed()
     return single.eval()
 
@@ -217,7 +217,7 @@ def test_each_tasks_loss_and_metrics_are_its_single_task_runs(run, data_root) ->
             own_metrics = single.build_metrics()
             single.update_metrics(own_metrics, own_outputs, own_targets, own_layout)
         assert torch.equal(own_layout.fraction, layout.fraction[positions])
-        torch.testing.assert_close(losses[positions] * multi.loss_scale[k], own_losses)
+        torch.testing.assert_close(losses[positions] * multi.loss_scale.value[k], own_losses)
         own = {key: v for key, v in own_metrics.compute().items() if v.numel() == 1}
         assert own and own.keys() == {key.split("/", 1)[1] for key in computed if key.startswith(f"{name}/")}
         for key, value in own.items():

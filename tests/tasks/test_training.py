@@ -261,7 +261,7 @@ def test_a_fixed_policy_trains_the_backbone_on_its_own_layouts(shapes_root, tmp_
     # APT splits at fixed per-level cuts (set from the calibration sample, checkpointed), so each
     # image's layout is its own: alone or in a batch, the same
     model = cli.model.eval()
-    assert float(warmed["model.apt_fraction"]) == 0.5 and warmed["model.apt_cuts"].gt(0).all()
+    assert float(warmed["model.apt_budget"]) == 0.5 and warmed["model.apt_cuts"].gt(0).all()
     assert model.model.apt_ready(0.5)
     images = torch.stack([cli.datamodule.datasets["val"][i][0] for i in range(8)])
     with torch.no_grad():
@@ -291,7 +291,7 @@ def test_the_warm_start_labels_read_a_frozen_copy_of_the_initial_patch_embedding
     """The warm start fine-tunes the backbone's patch embedding; the labels' target does not move with
     it: every step reads the labels from the patch embedding as it was when the warm start began, on
     the content embeddings alone (no children projection, position or level embedding)."""
-    import splitlab.tasks.training as training
+    import splitlab.training.algorithm as training
     from splitlab.tokenizer import LabelEmbedding, MultiScalePatchEmbed
 
     read, labelled = [], []
@@ -468,10 +468,12 @@ def test_ppos_default_anchor_follows_what_the_labels_read(source, weight) -> Non
     from tests.tasks.test_per_image_loss import TINY
 
     assert (
-        ClassificationTask(num_classes=4, warm_start={"label_source": source}, **TINY).anchor_weight()
+        ClassificationTask(
+            num_classes=4, warm_start={"label_source": source}, **TINY
+        ).algorithm.anchor_weight()
         == weight
     )
     given = ClassificationTask(
         num_classes=4, warm_start={"label_source": source}, ppo={"imitation": 0.3}, **TINY
     )
-    assert given.anchor_weight() == 0.3
+    assert given.algorithm.anchor_weight() == 0.3

@@ -173,5 +173,5 @@ def test_vqas_own_targets_are_the_finest_grids_greedy_answers(tmp_path) -> None:
         said = task.model.answer(reference, [t["questions"] for t in targets])
     assert [t["multiple_choice_answers"] for t in own] == said and [len(a) for a in said] == [2, 1]
     assert [t["questions"] for t in own] == [t["questions"] for t in targets]
-    labels = task.imitation_labels(images, (images, targets), 0.5)
+    labels = task.algorithm.imitation_labels(images, (images, targets), 0.5)
     assert fraction_of(labels, (8, 8)).mean().item() == pytest.approx(0.5, abs=0.05)

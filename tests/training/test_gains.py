@@ -117,7 +117,7 @@ def test_the_loss_label_source_imitates_the_gains_of_the_tasks_own_loss() -> Non
     task = ClassificationTask(num_classes=4, warm_start={"label_source": "loss"}, **TINY).eval()
     torch.manual_seed(0)
     images, labels = torch.randn(6, 3, 64, 64), torch.tensor([0, 1, 2, 3, 0, 1])
-    given = task.imitation_labels(images, (images, labels), 0.5)
+    given = task.algorithm.imitation_labels(images, (images, labels), 0.5)
 
     def loss_of(outputs):
         return F.cross_entropy(outputs.float(), labels, reduction="none")
@@ -152,8 +152,8 @@ def test_fidelity_labels_read_the_models_own_prediction_not_the_targets() -> Non
     torch.manual_seed(0)
     images = torch.randn(6, 3, 64, 64)
     labels, others = torch.tensor([0, 1, 2, 3, 0, 1]), torch.tensor([3, 3, 0, 1, 2, 2])
-    given = task.imitation_labels(images, (images, labels), 0.5)
-    again = task.imitation_labels(images, (images, others), 0.5)
+    given = task.algorithm.imitation_labels(images, (images, labels), 0.5)
+    again = task.algorithm.imitation_labels(images, (images, others), 0.5)
     assert all(torch.equal(a, b) for a, b in zip(given, again, strict=True))
 
     own = finest_outputs(task.model, images).softmax(-1)
@@ -199,7 +199,7 @@ def test_entropy_labels_are_apts_layout_at_the_budget() -> None:
     torch.manual_seed(0)
     images = torch.rand(6, 3, 64, 64)
     images[:3, :, :32] = 0.5  # flat halves: low entropy, left coarse
-    given = task.imitation_labels(images, (images, torch.zeros(6, dtype=torch.long)), 0.4)
+    given = task.algorithm.imitation_labels(images, (images, torch.zeros(6, dtype=torch.long)), 0.4)
     mean, std = task.model.preprocessing.mean, task.model.preprocessing.std
     scores, cut = baseline_scores("entropy", images, task.levels, budget=0.4, mean=mean, std=std)
     assert all(torch.equal(a, s > cut) for a, s in zip(given, scores, strict=True))
