@@ -341,7 +341,6 @@ def main(args: argparse.Namespace) -> int:
     questions = read_questions(args, files)
     keep_freed_memory()  # on CPU each batch reuses the last one's memory instead of faulting it in again
     model = load(args.model, device=args.device)
-    model.check_call(args.budget, args.max_fraction, args.policy)  # before any output is opened
     if (model.task == "vqa") != (questions is not None):
         need = "needs --question or --questions" if model.task == "vqa" else "asks no questions: drop them"
         raise ValueError(f"model {args.model}: a {model.task} model {need}")
@@ -357,9 +356,7 @@ def main(args: argparse.Namespace) -> int:
             )
         kept = [(f, q) for f, q in zip(files, questions, strict=True) if q]
         files, questions = [f for f, _ in kept], [q for _, q in kept]
-    outputs = Outputs(folder, model, files, args)
-    skipped, fractions = 0, []
-    stream = iter_predictions(
+    stream = iter_predictions(  # checks budget, cap and policy: before any output is opened
         model,
         files,
         budget=args.budget,
@@ -370,6 +367,8 @@ def main(args: argparse.Namespace) -> int:
         keep_images=args.token_maps,
         **reading,
     )
+    outputs = Outputs(folder, model, files, args)
+    skipped, fractions = 0, []
     try:
         for prediction in tqdm(stream, total=len(files), desc="predict", unit="img"):
             file = files[prediction.index]

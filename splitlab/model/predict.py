@@ -160,16 +160,24 @@ def as_items(inputs: Any) -> list[Any]:
     return [inputs] if isinstance(inputs, str | Path | Image.Image) else list(inputs)
 
 
-@torch.inference_mode()
 def iter_predictions(
     model: Any, inputs: Any, batch_size: int = 32, num_workers: int = 0, **options: Any
 ) -> Iterator[Prediction]:
-    """Predictions in input order, batch by batch (see `predict`); skipped inputs come with the reason."""
+    """Predictions in input order, batch by batch (see `predict`); skipped inputs come with the reason.
+    The call is checked here, at once (budget, cap, policy: `SplitModel.check_call`), before any image
+    is decoded or a caller opens its outputs; the predictions come as the iterator is read."""
     items = as_items(inputs)
     run = RunOptions(**options)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: must be at least 1")
-    model.check_call(run.budget, run.max_fraction, run.policy)  # before any image is decoded
+    model.check_call(run.budget, run.max_fraction, run.policy)
+    return _predictions(model, items, run, batch_size, num_workers)
+
+
+@torch.inference_mode()
+def _predictions(
+    model: Any, items: list[Any], run: RunOptions, batch_size: int, num_workers: int
+) -> Iterator[Prediction]:
     loader = DataLoader(
         InputImages(items, model.preprocessing, run.exif_transpose, run.high_depth),
         batch_size=batch_size,

@@ -15,7 +15,7 @@ from splitlab.lightning_private import attached_trainer
 from splitlab.model import SplitModel
 from splitlab.rl import PPOConfig
 from splitlab.tasks.calibration import Calibration
-from splitlab.tasks.evaluation import PolicyEvaluation
+from splitlab.tasks.evaluation import PolicyComparison, PolicyEvaluation
 from splitlab.tasks.logic import TaskLogic, own_settings
 from splitlab.tasks.settings import (
     GROUPS,
@@ -49,11 +49,15 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     `update_metrics`, `unpack_batch`, `describe_prediction` and the rest of the task API hand it the
     run's facts it reads. The task class keeps what is Lightning's (`rebuilt_keys`, hooks).
 
-    The parts, each in its own file, use only what this class defines and Lightning's API, never
-    each other (tests/tasks/test_task_parts.py): `StageTraining` (the training step of each stage,
-    on `Optimization`'s two optimizers), `Calibration` (the deployed cuts), `PolicyEvaluation`
-    (learned against baselines, the summary, predictions) and `TaskState` (checkpoints, data checks).
-    The hooks at the end of this class say when each runs.
+    The work is done by plain objects the task holds: ``algorithm`` (`splitlab.training.SplitTraining`:
+    the stages, warm start, PPO, λ, budgets, the cuts' calibration, which a plain loop drives too) and
+    ``comparison`` (`PolicyComparison`: the learned layout against the baselines). Lightning's part
+    is in the task's parts, each in its own file, using only what this class defines and Lightning's
+    API, never each other (tests/tasks/test_task_parts.py): `StageTraining` (entering a stage, the
+    training step, on `Optimization`'s optimizers, distributed backward and clipping), `Calibration`
+    (when the cuts are set, from which sample), `PolicyEvaluation` (the evaluation steps, logging,
+    the summary, predictions) and `TaskState` (checkpoints, data checks). The hooks at the end of this
+    class say when each runs.
     """
 
     task_name = "task"
@@ -148,6 +152,12 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         self.budget_sampler = self.algorithm.budget_sampler
         self.label_embedding = self.algorithm.label_embedding  # the warm start's label target
 
+    def configure_metrics(self) -> None:
+        """The comparison of the learned layout with the baselines (`PolicyComparison`; its metric
+        stores are registered here, so they move with the model)."""
+        self.comparison = PolicyComparison(self.model, self.logic, self.algorithm, self.hparams.evaluation)
+        self.policy_stats = self.comparison.stores
+
     def build_logic(self) -> TaskLogic:
         """The task's own code: ``logic_class`` on the model, with the task's own settings."""
         return self.logic_class(self.model, **own_settings(self.logic_class, type(self), self.hparams))
@@ -212,6 +222,10 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     ) -> None:
         """Feed one batch (and the layout it was computed on) to a metric collection."""
         self.logic.update_metrics(metrics, outputs, targets, layout)
+
+    def describe_prediction(self, outputs: Any, index: int, target: Any = None) -> Any:
+        """A JSON-friendly summary of one image's prediction (``target``: its batch entry, if any)."""
+        return self.logic.describe_prediction(outputs, index, target)
 
     def annotated_cells(self, batch: Any, grid: tuple[int, int]) -> Tensor | None:
         """``(B, rows, cols)`` bool: the finest cells a batch's annotations (boxes, masks) say need finest

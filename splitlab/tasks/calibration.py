@@ -4,8 +4,7 @@ from a fixed calibration sample, and the fixed entropy cuts of APT trained in th
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -15,13 +14,9 @@ from torch.utils.data import DataLoader, Subset
 
 from splitlab.data import SeededIndex
 from splitlab.lightning_private import attached_trainer
-from splitlab.tokenizer import entropy_scores, level_thresholds
-from splitlab.tokenizer.baselines import (
-    check_entropy_thresholds,
-    cuts_from_thresholds,
-    layout_fraction,
-    search_level_cuts,
-)
+from splitlab.tokenizer import entropy_scores
+from splitlab.tokenizer.baselines import check_entropy_thresholds, cuts_from_thresholds
+from splitlab.training.apt import fit_apt_cuts
 
 
 class Calibration:
@@ -128,82 +123,16 @@ class Calibration:
         return not (searched and self.stage == "dense")
 
     def set_apt_cuts(self, sample: DataLoader, entropies: list[list[Tensor]]) -> None:
-        """Set APT's fixed per-level cuts from the calibration sample (``entropies``: each batch's
-        per-level entropies) and say what they are and the fraction they give the sample.
+        """Set APT's fixed per-level cuts from the calibration sample (`splitlab.training.apt`: by the
+        task loss, ``apt_search: metric``, or the same quantile of every level) and say what they are."""
+        options = self.hparams.policy_options
 
-        ``apt_search: metric`` picks, along the budget constraint, the per-level cuts whose layouts
-        give the lowest task loss with the current backbone and head (`search_level_cuts`; at the
-        start of the warm start: the dense backbone it fine-tunes); ``quantile`` splits the same
-        share of every level (`level_thresholds`), which nothing says is where APT does best, kept
-        to reproduce earlier numbers. With ``entropy_thresholds`` the cuts are APT's own, set already.
-        """
-        hp = self.hparams
-        per_level = [torch.cat(level) for level in zip(*entropies, strict=True)]
-        finest = self.levels.finest_grid(self.backbone.img_size)
-        how = "entropy_thresholds"
-        if hp.policy_options.entropy_thresholds is None:
-            if hp.policy_options.apt_search == "quantile":
-                cuts, how = level_thresholds(per_level, self.budget, finest), "same-quantile cuts"
-            else:
-                started = time.perf_counter()
-                cuts, records = search_level_cuts(
-                    per_level,
-                    self.budget,
-                    lambda candidates: self.apt_losses(sample, entropies, candidates),
-                    finest=finest,
-                )
-                how = f"{describe_search(records)}, {time.perf_counter() - started:.1f} s"
-            self.model.apt_cuts.copy_(self.mean_over_ranks(cuts))
-            self.model.apt_budget.fill_(self.budget)
-        fraction = float(layout_fraction(per_level, self.model.apt_cuts, finest).mean())
-        rank_zero_info(
-            f"splitlab: APT's cuts {[round(c, 3) for c in self.model.apt_cuts.tolist()]} bits for the "
-            f"{list(self.levels.sizes[:-1])} px patches ({how}): token fraction {fraction:.3f} on "
-            f"{per_level[0].shape[0]} calibration images (budget {self.budget:g})"
-        )
+        def batches() -> Iterator[tuple[Tensor, Any]]:
+            for batch in sample:
+                yield self.unpack_batch(self.transfer_batch_to_device(batch, self.device, 0))
 
-    def apt_losses(
-        self, sample: DataLoader, entropies: list[list[Tensor]], candidates: list[Tensor]
-    ) -> Tensor:
-        """Mean task loss of each candidate's APT layouts on the calibration sample, one pass over it.
-
-        The backbone and head run in eval mode; where the loss draws samples (detection's), every
-        candidate gets the same draws, so the losses differ by the layouts alone. Averaged over ranks,
-        so that every rank chooses the same cuts.
-        """
-        totals = torch.zeros(len(candidates), dtype=torch.float64, device=self.device)
-        seen = 0
-        state = self.generator.get_state()
-        training = self.training
-        self.eval()
-        try:
-            for batch, levels in zip(sample, entropies, strict=True):
-                images, targets = self.unpack_batch(self.transfer_batch_to_device(batch, self.device, 0))
-                tokens, _ = self.tokenizer.embed(images, self.backbone)
-                for i, cuts in enumerate(candidates):
-                    scores = [e - c for e, c in zip(levels, cuts.to(self.device), strict=True)]
-                    layout = self.tokenizer.tokenize(tokens, "scores", scores=scores, threshold=0.0)
-                    self.generator.set_state(state)
-                    totals[i] += self.per_image_loss(self.forward_layout(layout), targets).double().sum()
-                seen += images.shape[0]
-        finally:
-            self.generator.set_state(state)
-            self.train(training)
-        return self.mean_over_ranks((totals / max(seen, 1)).float())
-
-
-def describe_search(records: Sequence[dict[str, Any]]) -> str:
-    """One line on a metric search: the chosen candidate's loss against the same-quantile cuts'."""
-    if not records:
-        return "one non-finest level: the budget alone fixes its cut"
-    chosen = next(r for r in records if r["chosen"])
-    quantile = records[0]
-    met = sum(bool(r["met"]) for r in records)
-    return (
-        f"metric search, {len(records)} candidates ({met} meet the budget): loss {chosen['loss']:.4f} against "
-        f"{quantile['loss']:.4f} of the same-quantile cuts {[round(c, 3) for c in quantile['cuts']]} "
-        f"(fraction {quantile['fraction']:.3f})"
-    )
+        search = options.apt_search if options.entropy_thresholds is None else None
+        rank_zero_info(f"splitlab: {fit_apt_cuts(self.algorithm, batches, entropies, search)}")
 
 
 def _seeded_sample(loader: DataLoader, count: int, seed: int) -> DataLoader:

@@ -1,4 +1,6 @@
-"""How a `SplitTask` is evaluated: the learned layout beside the baselines, the summary, predictions."""
+"""How a `SplitTask` is evaluated: `PolicyComparison`, a plain object that lays out and scores the
+learned layout beside the baselines (any loop can feed it batches), and `PolicyEvaluation`, Lightning's
+part: the validation, test and predict steps, logging and the summary."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from splitlab.metrics import PolicyStats, timed
+from splitlab.model import SplitModel
 from splitlab.report import format_table, summary_record, write_summary
+from splitlab.tasks.logic import TaskLogic
+from splitlab.tasks.settings import EvaluationSettings
 from splitlab.tokenizer import TokenLayout, annotation_labels, gain_labels
-from splitlab.training import autograd_ready
+from splitlab.training import SplitTraining, autograd_ready
 
 ORACLES = ("oracle", "loss_oracle")  # the rows that read the targets: bounds, never deployed
 
@@ -27,32 +32,38 @@ def at(budget: float) -> str:
     return f"@{budget:g}"
 
 
-class PolicyEvaluation:
-    """Validation, test and predict of a `SplitTask`: the learned layout beside the baselines at its
-    realised fraction (and at each further budget), timed; the summary table; prediction records.
+class PolicyComparison:
+    """The learned layout beside the baselines at its realised fraction (and at each further budget),
+    each row's metrics and timing (`PolicyStats`), per split (``val``, ``test``).
 
-    Uses of its task only what `SplitTask` defines (model parts, ``controller``, the task API,
-    ``deployed_policy``) and Lightning's; the task's own hooks (`finish_outputs`, `finish_results`,
-    `describe_prediction`) are its ``logic``'s.
+    A plain object on the deployed model, the task's logic (outputs, metrics, annotations) and the
+    training object (the deployed policy, the loss gains the ``loss_oracle`` row reads): a Lightning
+    task's hooks feed it batches (`PolicyEvaluation`), a plain loop can too. ``stores`` holds the
+    metrics; its holder registers it, so that the metrics move with the model.
+
+    Args:
+        model: the deployed model.
+        logic: the task's own code (`TaskLogic`).
+        algorithm: the training object.
+        settings: the rows and further budgets (`EvaluationSettings`).
     """
 
-    def configure_metrics(self) -> None:
-        """Per-policy metric collections for validation and test (one per policy and evaluation budget)."""
-        self.val_stats = self.policy_stats()
-        self.test_stats = self.policy_stats()
+    def __init__(
+        self, model: SplitModel, logic: TaskLogic, algorithm: SplitTraining, settings: EvaluationSettings
+    ) -> None:
+        self.model, self.logic, self.algorithm, self.settings = model, logic, algorithm, settings
+        self.stores = nn.ModuleDict({split: self.new_stores() for split in ("val", "test")})
 
-    def policy_stats(self) -> nn.ModuleDict:
+    def new_stores(self) -> nn.ModuleDict:
         """A `PolicyStats` per evaluated policy (and budget), by its slot."""
-        return nn.ModuleDict({slot(name): PolicyStats(self.build_metrics()) for name in self.policy_names()})
-
-    def stats_of(self, split: str) -> nn.ModuleDict:
-        """The metric stores of ``val`` or ``test``."""
-        return {"val": self.val_stats, "test": self.test_stats}[split]
+        return nn.ModuleDict(
+            {slot(name): PolicyStats(self.logic.build_metrics()) for name in self.policy_names()}
+        )
 
     def policy_names(self) -> list[str]:
         """Rows of the comparison: the learned policy and each baseline, then the same at every
         further evaluation budget (the uniform grid has no budget: it appears once)."""
-        baselines = list(self.hparams.evaluation.eval_baselines)
+        baselines = list(self.settings.eval_baselines)
         names = ["learned", *baselines]
         for budget in self.extra_budgets:
             names += [n + at(budget) for n in ("learned", *baselines) if n != "uniform"]
@@ -60,8 +71,106 @@ class PolicyEvaluation:
 
     @property
     def extra_budgets(self) -> list[float]:
-        """The evaluation budgets besides ``budget``."""
-        return [float(b) for b in self.hparams.evaluation.eval_budgets if abs(b - self.budget) > 1e-9]
+        """The evaluation budgets besides the model's."""
+        return [float(b) for b in self.settings.eval_budgets if abs(b - self.model.budget) > 1e-9]
+
+    def forward(
+        self, images: Tensor, budget: float | None = None, policy: str | None = None, seed: int = 0
+    ) -> tuple[Any, TokenLayout]:
+        """Task outputs and the layout used: ``policy``'s (default: the deployed one) at ``budget``."""
+        policy = self.algorithm.deployed_policy if policy is None else policy
+        layout = self.model.layout(images, budget, None, policy, seed)
+        return self.logic.forward_layout(layout), layout
+
+    def step(self, batch: Any, batch_idx: int, split: str, full: bool = True) -> tuple[Tensor, TokenLayout]:
+        """Score one batch: the deployed policy at the budget; with ``full``, every baseline at its
+        realised fraction and every row at the further budgets. The images and the deployed layout."""
+        images, targets = self.logic.unpack_batch(batch)
+        stats = self.stores[split]
+        deployed = self.algorithm.deployed_policy
+        budgets = [self.model.budget, *(self.extra_budgets if full and deployed == "learned" else ())]
+        first = None
+        for budget in budgets:
+            suffix = "" if budget == budgets[0] else at(budget)
+            with timed(images.device) as elapsed:
+                outputs, layout = self.forward(images, budget=budget, seed=batch_idx)
+                outputs = self.logic.finish_outputs(outputs, targets)
+            self._record(stats[slot("learned" + suffix)], outputs, targets, layout, elapsed())
+            first = first or layout
+            if not full:
+                continue
+            realised = max(float(layout.fraction.mean()), self.model.levels.min_fraction)
+            for policy in self.settings.eval_baselines:
+                if policy == deployed or (suffix and policy == "uniform"):
+                    continue
+                with timed(images.device) as elapsed:
+                    if policy in ORACLES:
+                        oracle = self.oracle_layout if policy == "oracle" else self.loss_oracle_layout
+                        base = oracle(images, batch, realised, batch_idx)
+                        out = self.logic.forward_layout(base)
+                    else:
+                        out, base = self.forward(images, policy=policy, budget=realised, seed=batch_idx)
+                    out = self.logic.finish_outputs(out, targets)
+                self._record(stats[slot(policy + suffix)], out, targets, base, elapsed())
+        return images, first
+
+    def _record(self, stat: Any, outputs: Any, targets: Any, layout: Any, seconds: float) -> None:
+        stat.update_layout(layout.fraction, seconds)
+        self.logic.update_metrics(stat.metrics, outputs, targets, layout)
+
+    def oracle_layout(self, images: Tensor, batch: Any, budget: float, seed: int) -> TokenLayout:
+        """The ``oracle`` row's layout: finest tokens where the annotations are, as many as ``budget``
+        buys on this batch (`annotation_labels`), through the tokenizer's walk like every other row.
+        An upper bound, not a policy: it reads the labels."""
+        levels = self.model.levels
+        cells = self.logic.annotated_cells(batch, levels.grid(levels.num - 1, tuple(images.shape[-2:])))
+        if cells is None:
+            raise ValueError(
+                "eval_baselines includes oracle, but this data's targets say nothing about where the objects "
+                f"are ({self.logic.task_name}): drop oracle from model.init_args.evaluation.eval_baselines"
+            )
+        generator = torch.Generator(images.device).manual_seed(seed)
+        decisions, _ = annotation_labels(cells.to(images.device), levels, budget, generator)
+        scores = [d.float() for d in decisions]
+        return self.model.tokenizer(images, self.model.backbone, mode="scores", scores=scores, threshold=0.5)
+
+    def loss_oracle_layout(self, images: Tensor, batch: Any, budget: float, seed: int) -> TokenLayout:
+        """The ``loss_oracle`` row's layout: the splits worth most to this batch's task loss first
+        (`refinement_gains`, read through the task's per-image loss), as many as ``budget`` buys. It
+        reads the targets through the loss, so it needs no annotations; like ``oracle``, a bound."""
+        generator = torch.Generator(images.device).manual_seed(seed)
+        with torch.inference_mode(False):  # validation's tensors, as autograd can read them
+            plain_images = autograd_ready(images)
+            _, targets = self.logic.unpack_batch(autograd_ready(batch))
+            gains = self.algorithm.loss_gains(plain_images, targets, generator)
+        levels = self.model.levels
+        scores = [
+            d.float() for d in gain_labels(gains, levels, budget, levels.finest_grid(images.shape[-2:]))
+        ]
+        return self.model.tokenizer(images, self.model.backbone, mode="scores", scores=scores, threshold=0.5)
+
+    def results(self, split: str) -> dict[str, dict[str, float]]:
+        """Each scored row's metrics since the last call (the stores start afresh), as the task's logic
+        finishes them."""
+        results = {}
+        for policy in self.policy_names():
+            stat = self.stores[split][slot(policy)]
+            if stat.images.update_called:
+                results[policy] = stat.compute()
+            stat.reset()
+        return self.logic.finish_results(results)
+
+
+class PolicyEvaluation:
+    """Lightning's part of evaluating a `SplitTask`: the validation, test and predict steps (the work
+    is its `PolicyComparison`, ``comparison``), the logged metrics, the summary and prediction records.
+
+    Uses of its task only what `SplitTask` defines (``comparison``, ``controller``, ``algorithm``, the
+    model parts) and Lightning's; the task's own hooks are its ``logic``'s.
+    """
+
+    # what the summary calls the policy a task trains with PPO (a multi-task run's: ``multitask``)
+    learned_name = "learned"
 
     def evaluates_baselines(self) -> bool:
         trainer = self.trainer
@@ -71,94 +180,14 @@ class PolicyEvaluation:
             return True
         return trainer.current_epoch + 1 >= (trainer.max_epochs or 0)
 
-    def _eval_step(self, batch: Any, batch_idx: int, split: str) -> dict[str, Any]:
-        images, targets = self.unpack_batch(batch)
-        stats = self.stats_of(split)
-        full = self.evaluates_baselines()
-        extra = full and self.deployed_policy == "learned"
-        budgets = [self.budget, *(self.extra_budgets if extra else ())]
-        first = None
-        for budget in budgets:
-            suffix = "" if budget == budgets[0] else at(budget)
-            with timed(images.device) as elapsed:
-                outputs, layout = self(images, budget=budget, seed=batch_idx)
-                outputs = self.finish_outputs(outputs, targets)
-            self._record(stats[slot("learned" + suffix)], outputs, targets, layout, elapsed())
-            first = first or layout
-            if not full:
-                continue
-            realised = max(float(layout.fraction.mean()), self.levels.min_fraction)
-            for policy in self.hparams.evaluation.eval_baselines:
-                if policy == self.deployed_policy or (suffix and policy == "uniform"):
-                    continue
-                with timed(images.device) as elapsed:
-                    if policy in ORACLES:
-                        oracle = self.oracle_layout if policy == "oracle" else self.loss_oracle_layout
-                        base = oracle(images, batch, realised, batch_idx)
-                        out = self.forward_layout(base)
-                    else:
-                        out, base = self(images, policy=policy, budget=realised, seed=batch_idx)
-                    out = self.finish_outputs(out, targets)
-                self._record(stats[slot(policy + suffix)], out, targets, base, elapsed())
-        return {"images": images, "layout": first} if batch_idx == 0 else {}
-
-    def oracle_layout(self, images: Tensor, batch: Any, budget: float, seed: int) -> TokenLayout:
-        """The ``oracle`` row's layout: finest tokens where the annotations are, as many as ``budget``
-        buys on this batch (`annotation_labels`), through the tokenizer's walk like every other row.
-        An upper bound, not a policy: it reads the labels."""
-        grid = self.levels.grid(self.levels.num - 1, tuple(images.shape[-2:]))
-        cells = self.annotated_cells(batch, grid)
-        if cells is None:
-            raise ValueError(
-                "eval_baselines includes oracle, but this data's targets say nothing about where the objects "
-                f"are ({type(self).__name__}): drop oracle from model.init_args.evaluation.eval_baselines"
-            )
-        generator = torch.Generator(images.device).manual_seed(seed)
-        decisions, _ = annotation_labels(cells.to(images.device), self.levels, budget, generator)
-        scores = [d.float() for d in decisions]
-        return self.tokenizer(images, self.backbone, mode="scores", scores=scores, threshold=0.5)
-
-    def loss_oracle_layout(self, images: Tensor, batch: Any, budget: float, seed: int) -> TokenLayout:
-        """The ``loss_oracle`` row's layout: the splits worth most to this batch's task loss first
-        (`refinement_gains`, read through the task's per-image loss), as many as ``budget`` buys. It
-        reads the targets through the loss, so it needs no annotations; like ``oracle``, a bound."""
-        generator = torch.Generator(images.device).manual_seed(seed)
-        with torch.inference_mode(False):  # validation's tensors, as autograd can read them
-            plain_images = autograd_ready(images)
-            _, targets = self.unpack_batch(autograd_ready(batch))
-            gains = self.loss_gains(plain_images, targets, generator)
-        finest = self.levels.finest_grid(images.shape[-2:])
-        scores = [d.float() for d in gain_labels(gains, self.levels, budget, finest)]
-        return self.tokenizer(images, self.backbone, mode="scores", scores=scores, threshold=0.5)
-
-    def finish_results(self, results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-        """Each policy's computed metrics, before they are logged and tabulated."""
-        return self.logic.finish_results(results)
-
-    # what the summary calls the policy a task trains with PPO (a multi-task run's: ``multitask``)
-    learned_name = "learned"
-
-    def summary_columns(self) -> list[str]:
-        """Further metrics the summary table shows beside ``metric_name`` (a multi-task run: each
-        task's own)."""
-        return self.logic.summary_columns()
-
-    def finish_outputs(self, outputs: Any, targets: Any) -> Any:
-        """Inference work after the task head that belongs in images/s (VQA: the language model
-        answering)."""
-        return self.logic.finish_outputs(outputs, targets)
-
-    def _record(self, stat: Any, outputs: Any, targets: Any, layout: Any, seconds: float) -> None:
-        stat.update_layout(layout.fraction, seconds)
-        self.update_metrics(stat.metrics, outputs, targets, layout)
-
     def note_unreachable_budgets(self) -> None:
         """One line when the hard cap leaves a budget out of reach (the cap keeps whole splits, so
         ``max_fraction: 0.5`` can mean 31 of 64 tokens): what the deployed policy meets instead."""
         if self.trainer.sanity_checking or (self.trainer.state.fn == "fit" and self.current_epoch > 0):
             return  # once per command
         limit = self.model.cap_limit()
-        over = [b for b in (self.budget, *self.extra_budgets) if limit is not None and b > limit + 1e-9]
+        budgets = (self.budget, *self.comparison.extra_budgets)
+        over = [b for b in budgets if limit is not None and b > limit + 1e-9]
         if over:
             finest = math.prod(self.levels.grid(self.levels.num - 1, self.backbone.img_size))
             rank_zero_info(
@@ -167,6 +196,10 @@ class PolicyEvaluation:
                 f"{', '.join(f'{b:g}' for b in over)} is out of reach, met at most at {limit:.3f} (every image at the cap)"
             )
 
+    def _eval_step(self, batch: Any, batch_idx: int, split: str) -> dict[str, Any]:
+        images, layout = self.comparison.step(batch, batch_idx, split, self.evaluates_baselines())
+        return {"images": images, "layout": layout} if batch_idx == 0 else {}
+
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         return self._eval_step(batch, batch_idx, "val")
 
@@ -174,14 +207,7 @@ class PolicyEvaluation:
         return self._eval_step(batch, batch_idx, "test")
 
     def _eval_epoch_end(self, split: str) -> None:
-        stats = self.stats_of(split)
-        results = {}
-        for policy in self.policy_names():
-            stat = stats[slot(policy)]
-            if stat.images.update_called:
-                results[policy] = stat.compute()
-            stat.reset()
-        results = self.finish_results(results)
+        results = self.comparison.results(split)
         if "learned" not in results:
             return
         learned = results["learned"]
@@ -227,7 +253,7 @@ class PolicyEvaluation:
             results,
             str(self.trainer.state.fn.value),
             trained_policy=trained,
-            columns=self.summary_columns(),
+            columns=self.logic.summary_columns(),
         )
         log_dir = self.trainer.log_dir or self.trainer.default_root_dir
         if self.trainer.is_global_zero:
@@ -265,11 +291,7 @@ class PolicyEvaluation:
                     "index": i,
                     "token_fraction": fractions[i],
                     "tokens": tokens,
-                    "prediction": self.describe_prediction(outputs, i, target),
+                    "prediction": self.logic.describe_prediction(outputs, i, target),
                 }
             )
         return records
-
-    def describe_prediction(self, outputs: Any, index: int, target: Any = None) -> Any:
-        """A JSON-friendly summary of one image's prediction (``target``: its batch entry, if any)."""
-        return self.logic.describe_prediction(outputs, index, target)

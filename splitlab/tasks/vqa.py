@@ -159,7 +159,7 @@ class VQATask(SplitTask):
             return []
         images, targets = self.unpack_batch(batch)
         outputs, layout = self(images, seed=batch_idx)
-        answers = self.finish_outputs(outputs, targets)
+        answers = self.logic.finish_outputs(outputs, targets)
         records = super().predict_step(batch, batch_idx, outputs=outputs, layout=layout)
         for record, target, said in zip(records, targets, answers, strict=True):
             record["prediction"] = [

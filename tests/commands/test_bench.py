@@ -12,10 +12,14 @@ from splitlab.commands.bench import BenchConfig, run_bench
 from splitlab.commands.bench_table import bench_table, format_bench
 
 
+def tiny_bench(**settings) -> BenchConfig:
+    """The tiny test ViT at 64 px, two levels, budget 0.6, one timed pass (``settings`` on top)."""
+    given = {"model": "test_vit", "img_size": 64, "batch_size": 2, "levels": (32, 16), "budget": 0.6}
+    return BenchConfig(**{**given, "warmup": 1, "iters": 1, **settings})
+
+
 def test_bench_reports_every_key(tmp_path) -> None:
-    cfg = BenchConfig(
-        model="test_vit", img_size=64, batch_size=4, levels=(32, 16), budget=0.6, warmup=1, iters=1
-    )
+    cfg = tiny_bench(batch_size=4)
     result = run_bench(cfg)
     for key in (
         "throughput_uniform",
@@ -71,18 +75,7 @@ def test_bench_times_the_predict_path_on_files(tmp_path) -> None:
 
     for i in range(5):
         Image.fromarray(np.full((40 + 10 * i, 70, 3), 30 * i, dtype=np.uint8)).save(tmp_path / f"{i}.jpg")
-    cfg = BenchConfig(
-        model="test_vit",
-        img_size=64,
-        batch_size=2,
-        levels=(32, 16),
-        budget=0.6,
-        warmup=0,
-        iters=1,
-        images=str(tmp_path),
-        predict=True,
-        workers=0,
-    )
+    cfg = tiny_bench(warmup=0, images=str(tmp_path), predict=True, workers=0)
     result = run_bench(cfg)["predict"]
     assert result["images"] == 5 and result["speedup"] > 0 and result["share_of_backbone_speedup"] > 0
     with pytest.raises(ValueError, match="--predict times the predict path on files: give --images"):
@@ -102,16 +95,7 @@ def test_compile_gives_the_uniform_model_static_shapes_on_its_own_copy(monkeypat
 
     monkeypatch.setattr(torch, "compile", record_compile)
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: blocks.append((self, kwargs)))
-    cfg = BenchConfig(
-        model="test_vit",
-        img_size=64,
-        batch_size=2,
-        levels=(32, 16),
-        budget=0.6,
-        warmup=1,
-        iters=1,
-        compile=True,
-    )
+    cfg = tiny_bench(compile=True)
     result = run_bench(cfg)
     assert result["speedup"] > 0
     (uniform, kwargs), *_ = whole
@@ -124,9 +108,7 @@ def test_bench_with_a_language_model_times_the_vqa_path() -> None:
     """``--lm``: ViT + projector + the LM's prefill, both paths on the same batch (a tiny random Llama)."""
     lm = '{"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
     lm += '"num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 50}'
-    cfg = BenchConfig(
-        model="test_vit", img_size=64, batch_size=2, levels=(32, 16), budget=0.6, warmup=1, iters=1, lm=lm
-    )
+    cfg = tiny_bench(lm=lm)
     vqa = run_bench(cfg)["vqa"]
     assert vqa["lm_width"] == 32 and vqa["text_tokens"] > 0
     assert vqa["images_per_second_uniform"] > 0 and vqa["images_per_second_split"] > 0

@@ -14,6 +14,7 @@ import splitlab
 from splitlab.callbacks import GracefulStop, SplitSchedule
 from splitlab.cli import lightning_main
 from splitlab.data import ImageClassificationData
+from splitlab.report import summary_record, write_summary
 from splitlab.tasks import ClassificationTask
 from tests.helpers import tiny_args
 
@@ -103,8 +104,9 @@ def test_a_plain_loop_driving_the_training_object_trains_what_trainer_fit_trains
 ) -> None:
     """`SplitTraining` is the algorithm, whoever drives it: a plain loop over the same batches (the
     same stages, optimizers, steps and sampling stream, no Lightning in the loop) ends with the
-    weights, λ and operating points `Trainer().fit` ends with, and the same summary. The deployed cuts
-    are the training steps' own running calibration in both (``calibration_images: 0``)."""
+    weights, λ and operating points `Trainer().fit` ends with, and its `PolicyComparison`, fed the
+    validation batches, writes the summary the fit wrote. The deployed cuts are the training steps'
+    own running calibration in both (``calibration_images: 0``)."""
     from dataclasses import replace
 
     import torch
@@ -133,16 +135,17 @@ def test_a_plain_loop_driving_the_training_object_trains_what_trainer_fit_trains
     for key in mine:
         torch.testing.assert_close(mine[key], theirs[key], rtol=1e-5, atol=1e-6, msg=key)
     assert training.progress.record() == fitted.algorithm.progress.record()
-    trainer = L.Trainer(
-        accelerator="cpu",
-        logger=CSVLogger(tmp_path / "plain", name="", version=""),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.validate(task, data)
+    # evaluated without Lightning too: the task's comparison, fed the validation batches
+    task.eval()
+    with torch.inference_mode():
+        for index, batch in enumerate(data.val_dataloader()):
+            task.comparison.step(batch, index, "val")
+    results = task.comparison.results("val")
+    lam = task.controller.value_at(task.budget)
+    write_summary(summary_record("classification", "top1", task.budget, lam, results, "validate"), tmp_path)
     expected = json.loads((tmp_path / "fit" / "summary.json").read_text())
-    got = json.loads((tmp_path / "plain" / "summary.json").read_text())
-    assert got["trained_policy"] == expected["trained_policy"] == "learned"
+    got = json.loads((tmp_path / "summary.json").read_text())
+    assert expected["trained_policy"] == "learned"
     assert got["lambda"] == pytest.approx(expected["lambda"], abs=1e-6)
     want, have = rows(expected), rows(got)
     assert set(have) == set(want) and {"learned", "uniform"} <= set(want)

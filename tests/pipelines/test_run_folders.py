@@ -222,7 +222,7 @@ def test_sub_pixel_boxes_are_counted_and_empty_labels_are_no_score(tmp_path) -> 
     task, _ = segmentation()
     row = {"miou": 0.0, "pixel_accuracy": 0.0, "object_fine_coverage": 0.0, "labelled_pixels": 0.0}
     with pytest.warns(UserWarning, match="no labelled pixels"):
-        done = task.finish_results({"learned": dict(row), "uniform": {**row, "labelled_pixels": 5.0}})
+        done = task.logic.finish_results({"learned": dict(row), "uniform": {**row, "labelled_pixels": 5.0}})
     assert all(v != v for v in done["learned"].values()) and "labelled_pixels" not in done["learned"]
     assert done["uniform"]["miou"] == 0.0
 

@@ -22,7 +22,7 @@ def test_the_detection_oracle_covers_every_object_cell_and_meets_the_budget(tmp_
     cells = task.annotated_cells(batch, (8, 8))
     metrics = task.build_metrics()
     with torch.no_grad():
-        layout = task.oracle_layout(batch[0], batch, 0.6, seed=0)
+        layout = task.comparison.oracle_layout(batch[0], batch, 0.6, seed=0)
         task.update_metrics(metrics, task.forward_layout(layout), batch[1], layout)
     assert cells.shape == (4, 8, 8) and 0 < cells.float().mean() < 0.6  # objects, with room to spare
     assert layout.fraction.mean().item() == pytest.approx(0.6, abs=0.03)

@@ -139,5 +139,5 @@ def test_loss_gains_of_each_task_are_each_images_own_and_the_loss_oracle_meets_t
         torch.testing.assert_close(a[keep], b[keep], atol=1e-5, rtol=1e-4)
     batch = (images, targets)
     with torch.inference_mode():
-        layout = task.loss_oracle_layout(images, batch, 0.5, seed=0)
+        layout = task.comparison.loss_oracle_layout(images, batch, 0.5, seed=0)
     assert layout.fraction.mean().item() == pytest.approx(0.5, abs=0.05)

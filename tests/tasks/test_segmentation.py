@@ -83,12 +83,16 @@ def test_the_tasks_fine_coverage_counts_only_classes_that_are_not_background() -
     values = metrics.compute()
     assert values["object_fine_coverage"].item() == pytest.approx(2 / 3)
     assert values["boundary_fine_coverage"].item() == pytest.approx(1.0)
-    assert "thin_fine_coverage" not in values and task.summary_columns() == []
+    assert "thin_fine_coverage" not in values and task.logic.summary_columns() == []
     thin = SegmentationTask(num_classes=4, background_classes=[0, 3], thin_classes=[2], **TINY)
     metrics = thin.build_metrics()
     thin.update_metrics(metrics, {"logits": logits}, target, layout)
     assert metrics.compute()["thin_fine_coverage"].item() == pytest.approx(1 / 2)  # cells (0, 1) and (2, 2)
-    assert thin.summary_columns() == ["object_fine_coverage", "boundary_fine_coverage", "thin_fine_coverage"]
+    assert thin.logic.summary_columns() == [
+        "object_fine_coverage",
+        "boundary_fine_coverage",
+        "thin_fine_coverage",
+    ]
 
 
 def test_background_classes_must_be_classes() -> None:
