@@ -15,6 +15,8 @@ from typing import Any
 import timm
 import yaml
 
+from splitlab.model.preprocess import image_sides
+
 # the data setting -> the model settings it follows
 LINKED: dict[str, Any] = {
     "num_classes": "model.init_args.num_classes",
@@ -50,8 +52,8 @@ def model_input_size(backbone: str, backbone_kwargs: dict[str, Any] | None) -> i
                 "give model.init_args.backbone_kwargs.img_size"
             )
         size = cfg.input_size[-2:]
-    sides = [int(size)] * 2 if isinstance(size, int | float) else [int(v) for v in size]
-    return sides[0] if sides[0] == sides[1] else sides
+    sides = image_sides(size, "model.init_args.backbone_kwargs.img_size")
+    return sides[0] if sides[0] == sides[1] else list(sides)
 
 
 def _config_files(args: Sequence[str]) -> list[str]:

@@ -72,6 +72,17 @@ class Placement:
         return out
 
 
+def image_sides(size: int | Sequence[int], setting: str = "img_size") -> tuple[int, int]:
+    """``(height, width)`` of an image size given as a side or as ``[height, width]``: the one place
+    that reads either form (``setting`` names it in the refusal of any other)."""
+    if isinstance(size, int | float):
+        return int(size), int(size)
+    sides = tuple(int(v) for v in size)
+    if len(sides) != 2:
+        raise ValueError(f"{setting}={list(size)}: give a side or [height, width]")
+    return sides
+
+
 @dataclass(frozen=True)
 class Preprocessing:
     """How an image of any size becomes the network's ``img_size`` x ``img_size`` input.
@@ -109,13 +120,10 @@ class Preprocessing:
     high_depth: str = "range"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.img_size, int):  # [h, w] from config.json, or (h, w); a square is its side
-            sides = tuple(int(v) for v in self.img_size)
-            if len(sides) != 2:
-                raise ValueError(
-                    f"preprocessing img_size={list(self.img_size)}: give a side or [height, width]"
-                )
-            object.__setattr__(self, "img_size", sides[0] if sides[0] == sides[1] else sides)
+        sides = image_sides(self.img_size, "preprocessing img_size")  # [h, w] from config.json, or (h, w)
+        object.__setattr__(
+            self, "img_size", sides[0] if sides[0] == sides[1] else sides
+        )  # a square: its side
         object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
         object.__setattr__(self, "std", tuple(float(s) for s in self.std))
         for name, value, allowed in (
@@ -153,7 +161,7 @@ class Preprocessing:
     @property
     def shape(self) -> tuple[int, int]:
         """``(height, width)`` of the network input."""
-        return (self.img_size, self.img_size) if isinstance(self.img_size, int) else self.img_size
+        return image_sides(self.img_size)
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)

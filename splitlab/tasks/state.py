@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from splitlab.checkpoint import plain, read_checkpoint, safe_checkpoint_globals
 from splitlab.lightning_private import attached_trainer, syncs_batchnorm
-from splitlab.model.preprocess import Preprocessing
+from splitlab.model.preprocess import Preprocessing, image_sides
 from splitlab.tasks.logic import RunFacts, TaskLogic
 
 __all__ = ["SamplingStream", "TaskState", "load_task", "read_checkpoint"]
@@ -115,13 +115,7 @@ class TaskState:
         ask for) or ``logic``, the task it feeds (classes, then the task's own checks)."""
         size = getattr(datamodule, "img_size", None)
         height, width = self.backbone.img_size
-        sides = (
-            None
-            if size is None
-            else (int(size),) * 2
-            if isinstance(size, int)
-            else tuple(int(v) for v in size)
-        )
+        sides = None if size is None else image_sides(size, "data.init_args.img_size")
         if sides is not None and sides != (height, width):
             raise ValueError(
                 f"data.init_args.img_size={size} differs from the model's input size {height}x{width} "
