@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
-from lightning import LightningModule
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
@@ -14,8 +13,9 @@ from splitlab.backbone import PackedViT
 from splitlab.lightning_private import attached_trainer
 from splitlab.model import SplitModel
 from splitlab.rl import PPOConfig
-from splitlab.tasks.calibration import Calibration
-from splitlab.tasks.evaluation import PolicyComparison, PolicyEvaluation
+from splitlab.tasks.calibration import check_apt, check_budgets
+from splitlab.tasks.evaluation import PolicyComparison
+from splitlab.tasks.hooks import TaskHooks
 from splitlab.tasks.logic import TaskLogic, own_settings
 from splitlab.tasks.settings import (
     GROUPS,
@@ -29,15 +29,22 @@ from splitlab.tasks.settings import (
     settings_of,
     training_settings,
 )
-from splitlab.tasks.state import SamplingStream, TaskState
-from splitlab.tasks.training import StageTraining
+from splitlab.tasks.state import (
+    RebuiltWeights,
+    SamplingStream,
+    adopt_data,
+    check_task_data,
+    load_init_weights,
+    run_facts,
+)
+from splitlab.tasks.training import check_label_source
 from splitlab.tasks.transfer import check_policy, transferred_decision
 from splitlab.tokenizer import Levels, SplitTokenizer, TokenLayout
 from splitlab.training import SplitTraining
 from splitlab.training.progress import Stage
 
 
-class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, LightningModule):
+class SplitTask(TaskHooks):
     """A SPLIT model for one task (`SplitModel`: tokenizer + `PackedViT` + head, ``self.model``) and
     what only training needs, trained in stages: ``dense`` (uniform grid, a backbone without
     pretrained weights), ``warm_start`` (the decision module imitates embedding-difference labels
@@ -50,18 +57,16 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
     run's facts it reads. The task class keeps what is Lightning's (`rebuilt_keys`, hooks).
 
     The work is done by plain objects the task holds: ``algorithm`` (`splitlab.training.SplitTraining`:
-    the stages, warm start, PPO, λ, budgets, the cuts' calibration, which a plain loop drives too) and
-    ``comparison`` (`PolicyComparison`: the learned layout against the baselines). Lightning's part
-    is in the task's parts, each in its own file, using only what this class defines and Lightning's
-    API, never each other (tests/tasks/test_task_parts.py): `StageTraining` (entering a stage, the
-    training step, on `Optimization`'s optimizers, distributed backward and clipping), `Calibration`
-    (when the cuts are set, from which sample), `PolicyEvaluation` (the evaluation steps, logging,
-    the summary, predictions) and `TaskState` (checkpoints, data checks). The hooks at the end of this
-    class say when each runs.
+    the stages, warm start, PPO, λ, budgets, the cuts' calibration, which a plain loop drives too),
+    ``comparison`` (`PolicyComparison`: the learned layout against the baselines), ``sampling`` (the
+    policy's generator) and ``rebuilt`` (the weights checkpoints leave out). Lightning's part, every
+    hook, is its one base, `TaskHooks` (tasks/hooks.py), which reads of the task only what this class
+    defines (tests/tasks/test_task_parts.py).
     """
 
     task_name = "task"
     metric_name = "metric"
+    learned_name = "learned"  # the summary's name of a policy PPO trained (a multi-task run's: multitask)
     model_class: ClassVar[type[SplitModel]] = SplitModel
     logic_class: ClassVar[type[TaskLogic]] = TaskLogic
     task_groups: ClassVar[dict[str, type]] = {}  # a task's own settings groups (detection's ``detector``)
@@ -116,7 +121,6 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         for group, cls in (*GROUPS.items(), ("ppo", PPOConfig), *self.task_groups.items()):
             hp[group] = settings_of(cls, hp[group], group)  # a recipe's mapping, as its dataclass
         hp.budget_range = list(budget_range) if budget_range is not None else None
-        self.automatic_optimization = False
         options = hp.policy_options
         check_policy(policy, budget_range, options.policy_checkpoint, options.transfer_finetune)
         self.sampling = SamplingStream(options.sampling_seed)
@@ -124,12 +128,13 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         if policy == "transferred":  # another run's decision module, deployed frozen
             weights = transferred_decision(options.policy_checkpoint, self.model)
             self.model.tokenizer.decision.load_state_dict(weights)
-        self.check_apt()
-        self.check_label_source()
+        check_apt(policy, options, self.levels)
+        check_label_source(hp.warm_start.label_source, self.logic, type(self).__name__)
         self.sync_deployed()
         self.configure_metrics()
+        self.rebuilt = RebuiltWeights(self.rebuilt_keys(), self.model)
         if init_checkpoint:
-            self.load_init_checkpoint(init_checkpoint)
+            load_init_weights(self, self.model, self.rebuilt, init_checkpoint)
 
     # ----------------------------------------------------------------------------- building
     def configure_models(self) -> None:
@@ -138,7 +143,7 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         hp = self.hparams
         self.model = self.model_class(model_config(hp, self.model_class.head_keys))
         self.logic = self.build_logic()
-        self.check_budgets()
+        check_budgets(self.model, hp.evaluation, hp.budget_range, hp.max_fraction)
         self.algorithm = SplitTraining(
             self.model,
             self.logic,
@@ -277,19 +282,22 @@ class SplitTask(StageTraining, Calibration, PolicyEvaluation, TaskState, Lightni
         """The policy's sampling generator: this rank's `SamplingStream`, on the model's device."""
         return self.sampling.on(self.device, self.rank)
 
-    # ----------------------------------------------------------------------------- what runs when
-    def on_train_start(self) -> None:
-        if self.hparams.policy == "entropy":  # APT trains at its fixed cuts too
-            self.recalibrate()
+    # ----------------------------------------------------------------------------- data and weights
+    @property
+    def num_classes(self) -> int | None:
+        """Classes of the task's head (None where the task has no class count)."""
+        return self.logic.num_classes
 
-    def on_train_epoch_start(self) -> None:
-        if self.apt_pending():  # a dense stage ran first in this fit: its backbone is ready now
-            self.recalibrate()
+    def check_data(self, datamodule: Any) -> None:
+        """Refuse data that does not fit the model, before any work (Lightning sets the data up first)."""
+        facts = run_facts(attached_trainer(self))
+        check_task_data(type(self).__name__, self.model, self.hparams, self.logic, datamodule, facts)
 
-    def on_validation_start(self) -> None:
-        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
-            self.recalibrate()  # the deployed cuts of the policy as trained so far
-        self.note_unreachable_budgets()
+    def adopt_data(self, datamodule: Any) -> None:
+        """Give the model what the data says about its inputs (preprocessing, names: `adopt_data`)."""
+        adopt_data(self.model, datamodule)
 
-    def on_test_start(self) -> None:
-        self.note_unreachable_budgets()
+    def rebuilt_keys(self) -> set[str]:
+        """State-dict keys the task rebuilds identically whenever it is built (e.g. a frozen language
+        model loaded by name): checkpoints leave them out (`RebuiltWeights`). None by default."""
+        return set()

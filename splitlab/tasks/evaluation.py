@@ -1,19 +1,17 @@
 """How a `SplitTask` is evaluated: `PolicyComparison`, a plain object that lays out and scores the
-learned layout beside the baselines (any loop can feed it batches), and `PolicyEvaluation`, Lightning's
-part: the validation, test and predict steps, logging and the summary."""
+learned layout beside the baselines (any loop can feed it batches), what the summary calls the trained
+policy (`named_rows`) and the records of a prediction (`prediction_records`). When they run, the
+logging and the summary file are `splitlab.tasks.hooks.TaskHooks`'."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from splitlab.metrics import PolicyStats, timed
 from splitlab.model import SplitModel
-from splitlab.report import format_table, summary_record, write_summary
 from splitlab.tasks.logic import TaskLogic
 from splitlab.tasks.settings import EvaluationSettings
 from splitlab.tokenizer import TokenLayout, annotation_labels, gain_labels
@@ -38,7 +36,7 @@ class PolicyComparison:
 
     A plain object on the deployed model, the task's logic (outputs, metrics, annotations) and the
     training object (the deployed policy, the loss gains the ``loss_oracle`` row reads): a Lightning
-    task's hooks feed it batches (`PolicyEvaluation`), a plain loop can too. ``stores`` holds the
+    task's hooks feed it batches (`TaskHooks`), a plain loop can too. ``stores`` holds the
     metrics; its holder registers it, so that the metrics move with the model.
 
     Args:
@@ -161,137 +159,41 @@ class PolicyComparison:
         return self.logic.finish_results(results)
 
 
-class PolicyEvaluation:
-    """Lightning's part of evaluating a `SplitTask`: the validation, test and predict steps (the work
-    is its `PolicyComparison`, ``comparison``), the logged metrics, the summary and prediction records.
+def named_rows(
+    results: dict[str, dict[str, float]], deployed: str, policy: str, ppo_ran: bool, learned_name: str
+) -> tuple[str, dict[str, dict[str, float]]]:
+    """What the summary calls the trained policy, and the rows under that name: the uniform grid after
+    a dense run, ``transferred`` (another run's policy), ``imitation`` (no PPO step ran), or the
+    task's name for a policy PPO trained (``learned``; a multi-task run's ``multitask``)."""
+    if deployed != "learned":  # a dense (pretraining) run deploys the uniform grid
+        return deployed, {deployed: results.pop("learned"), **results}
+    trained = "transferred" if policy == "transferred" else learned_name if ppo_ran else "imitation"
+    if trained == "learned":
+        return trained, results
+    return trained, {
+        k.replace("learned", trained, 1) if k.startswith("learned") else k: v for k, v in results.items()
+    }
 
-    Uses of its task only what `SplitTask` defines (``comparison``, ``controller``, ``algorithm``, the
-    model parts) and Lightning's; the task's own hooks are its ``logic``'s.
-    """
 
-    # what the summary calls the policy a task trains with PPO (a multi-task run's: ``multitask``)
-    learned_name = "learned"
-
-    def evaluates_baselines(self) -> bool:
-        trainer = self.trainer
-        if trainer.sanity_checking:
-            return False
-        if trainer.state.fn != "fit":
-            return True
-        return trainer.current_epoch + 1 >= (trainer.max_epochs or 0)
-
-    def note_unreachable_budgets(self) -> None:
-        """One line when the hard cap leaves a budget out of reach (the cap keeps whole splits, so
-        ``max_fraction: 0.5`` can mean 31 of 64 tokens): what the deployed policy meets instead."""
-        if self.trainer.sanity_checking or (self.trainer.state.fn == "fit" and self.current_epoch > 0):
-            return  # once per command
-        limit = self.model.cap_limit()
-        budgets = (self.budget, *self.comparison.extra_budgets)
-        over = [b for b in budgets if limit is not None and b > limit + 1e-9]
-        if over:
-            finest = math.prod(self.levels.grid(self.levels.num - 1, self.backbone.img_size))
-            rank_zero_info(
-                f"max_fraction={self.model.config['max_fraction']:g} leaves each image at most {round(limit * finest)} of "
-                f"{finest} tokens (whole splits), a fraction of {limit:.3f}: budget "
-                f"{', '.join(f'{b:g}' for b in over)} is out of reach, met at most at {limit:.3f} (every image at the cap)"
-            )
-
-    def _eval_step(self, batch: Any, batch_idx: int, split: str) -> dict[str, Any]:
-        images, layout = self.comparison.step(batch, batch_idx, split, self.evaluates_baselines())
-        return {"images": images, "layout": layout} if batch_idx == 0 else {}
-
-    def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
-        return self._eval_step(batch, batch_idx, "val")
-
-    def test_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
-        return self._eval_step(batch, batch_idx, "test")
-
-    def _eval_epoch_end(self, split: str) -> None:
-        results = self.comparison.results(split)
-        if "learned" not in results:
-            return
-        learned = results["learned"]
-        self.log(
-            f"{split}/{self.metric_name}",
-            learned.get(self.metric_name, float("nan")),
-            prog_bar=True,
-            sync_dist=False,
-        )
-        self.log(f"{split}/fraction", learned["token_fraction_mean"], prog_bar=True)
-        self.log(f"{split}/fraction_std", learned["token_fraction_std"], prog_bar=True)
-        if "object_fine_coverage" in learned:  # where the fine tokens went, epoch by epoch
-            self.log(f"{split}/object_fine_coverage", learned["object_fine_coverage"])
-        self.log("lambda", self.controller.value_at(self.budget), prog_bar=True)
-        for policy, values in results.items():
-            if policy != "learned":
-                self.log(f"{split}/{policy}/{self.metric_name}", values.get(self.metric_name, float("nan")))
-                self.log(f"{split}/{policy}/fraction", values["token_fraction_mean"])
-        if not self.evaluates_baselines():  # the summary is written at the end of fit, validate and test
-            return
-        trained = self.deployed_policy
-        if trained != "learned":  # a dense (pretraining) run deploys the uniform grid
-            results = {trained: results.pop("learned"), **results}
-        else:
-            if self.hparams.policy == "transferred":  # another run's policy
-                trained = "transferred"
-            elif (
-                self.stage != "ppo" or self.algorithm.progress.ppo_steps == 0
-            ):  # no PPO step ran: the policy only imitated
-                trained = "imitation"
-            else:  # SPLIT, or its multi-task policy (`learned_name`)
-                trained = self.learned_name
-            if trained != "learned":
-                results = {
-                    k.replace("learned", trained, 1) if k.startswith("learned") else k: v
-                    for k, v in results.items()
-                }
-        record = summary_record(
-            self.task_name,
-            self.metric_name,
-            self.budget,
-            self.controller.value_at(self.budget),
-            results,
-            str(self.trainer.state.fn.value),
-            trained_policy=trained,
-            columns=self.logic.summary_columns(),
-        )
-        log_dir = self.trainer.log_dir or self.trainer.default_root_dir
-        if self.trainer.is_global_zero:
-            write_summary(record, log_dir)
-            rank_zero_info("\n" + format_table(record))
-
-    def on_validation_epoch_end(self) -> None:
-        self._eval_epoch_end("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._eval_epoch_end("test")
-
-    def predict_step(
-        self, batch: Any, batch_idx: int, outputs: Any = None, layout: Any = None
-    ) -> list[dict[str, Any]]:
-        """Each image's source (dataset index and file), layout (token boxes in pixels, levels,
-        fraction) and prediction (``outputs`` and ``layout`` when the caller already computed them).
-        A batch whose files were all unusable is None: no rows."""
-        if batch is None:
-            return []
-        sequence = isinstance(batch, list | tuple)
-        images, targets = self.unpack_batch(batch) if sequence else (batch, None)
-        if layout is None:
-            outputs, layout = self(images, seed=batch_idx)
-        # the data module's collate appends the sources last (after the boxes of classification data)
-        sources = batch[-1] if sequence and len(batch) > 2 else [{} for _ in range(layout.batch_size)]
-        fractions = layout.fraction.tolist()
-        records = []
-        for i, tokens in enumerate(layout.token_boxes()):
-            target = targets[i] if isinstance(targets, list | tuple) else None
-            records.append(
-                {
-                    **sources[i],
-                    "batch": batch_idx,
-                    "index": i,
-                    "token_fraction": fractions[i],
-                    "tokens": tokens,
-                    "prediction": self.logic.describe_prediction(outputs, i, target),
-                }
-            )
-        return records
+def prediction_records(
+    logic: TaskLogic, batch: Any, batch_idx: int, targets: Any, outputs: Any, layout: TokenLayout
+) -> list[dict[str, Any]]:
+    """Each image's source (dataset index and file), layout (token boxes in pixels, levels, fraction)
+    and prediction, as ``lightning predict`` writes them."""
+    sequence = isinstance(batch, list | tuple)
+    # the data module's collate appends the sources last (after the boxes of classification data)
+    sources = batch[-1] if sequence and len(batch) > 2 else [{} for _ in range(layout.batch_size)]
+    fractions = layout.fraction.tolist()
+    return [
+        {
+            **sources[i],
+            "batch": batch_idx,
+            "index": i,
+            "token_fraction": fractions[i],
+            "tokens": tokens,
+            "prediction": logic.describe_prediction(
+                outputs, i, targets[i] if isinstance(targets, list | tuple) else None
+            ),
+        }
+        for i, tokens in enumerate(layout.token_boxes())
+    ]

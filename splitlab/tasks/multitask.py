@@ -11,11 +11,13 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
+from splitlab.lightning_private import attached_trainer
 from splitlab.model import Preprocessing, SplitMultiTask
 from splitlab.tasks.base import SplitTask
 from splitlab.tasks.detection import DetectionTask
 from splitlab.tasks.logic import TaskLogic, own_settings
 from splitlab.tasks.segmentation import SegmentationTask
+from splitlab.tasks.state import check_task_data, run_facts
 from splitlab.tokenizer import TokenLayout
 from splitlab.training import LossInputs
 
@@ -273,8 +275,9 @@ class MultiTaskSplit(SplitTask):
                 f"(splitlab.data.MultiTaskData with task_data {names}), got {type(datamodule).__name__}"
                 + (f" with task_data {sorted(loaders)}" if isinstance(loaders, dict) else "")
             )
+        facts = run_facts(attached_trainer(self))
         for name, logic in self.task_logic.items():
-            self.check_task_data(logic, loaders[name])
+            check_task_data(type(self).__name__, self.model, self.hparams, logic, loaders[name], facts)
 
     def adopt_data(self, datamodule: Any) -> None:
         """Each task's names and category ids for its member, the first task's preprocessing for the

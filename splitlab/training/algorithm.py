@@ -212,7 +212,7 @@ class SplitTraining:
         is: its logits at the points and the budgets between them, through embedding and decision
         module only; the cuts averaged over ranks. The running average of `calibrate` lags when PPO
         moves the logits quickly; a loop calls this before it evaluates or saves (the Lightning task
-        before each validation of a fit: `splitlab.tasks.calibration.Calibration.recalibrate`)."""
+        before each validation of a fit: `splitlab.tasks.hooks.TaskHooks.recalibrate`)."""
         tokenizer = self.model.tokenizer
         points = tokenizer.operating_points
         budgets = points.calibration_budgets()  # the points, and budgets between them

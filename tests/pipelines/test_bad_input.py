@@ -37,16 +37,16 @@ TRAINING_STEPS = [0]  # training steps run since the test began (counted by `cou
 def count_training_steps(monkeypatch):
     """Count every task's training steps, so that `untrained` can tell a failure before training from
     one inside epoch 0 (which writes no checkpoint either)."""
-    from splitlab.tasks.training import StageTraining
+    from splitlab.tasks.hooks import TaskHooks
 
-    step = StageTraining.training_step
+    step = TaskHooks.training_step
 
     def counted(self, *args, **kwargs):
         TRAINING_STEPS[0] += 1
         return step(self, *args, **kwargs)
 
     TRAINING_STEPS[0] = 0
-    monkeypatch.setattr(StageTraining, "training_step", counted)
+    monkeypatch.setattr(TaskHooks, "training_step", counted)
 
 
 def untrained(log_dir) -> bool:

@@ -125,7 +125,7 @@ def test_a_frozen_lm_loaded_by_name_stays_out_of_checkpoints(tmp_path) -> None:
             model.head.bridge.lm.get_input_embeddings().weight,
             tuned.head.bridge.lm.get_input_embeddings().weight,
         )
-    assert resumed.saved_as_rebuilt() == set()
+    assert resumed.rebuilt.left_out() == set()
 
     from_config = task_with(tmp_path)  # random init: its LM weights must be saved
     assert not from_config.rebuilt_keys()
