@@ -12,6 +12,7 @@ from splitlab.heads.detection import (
     without_crowd,
 )
 from splitlab.heads.pyramid import (
+    PYRAMID_CHANNELS,
     SimpleFeaturePyramid,
     check_pyramid_grid,
     default_pyramid_indices,
@@ -22,6 +23,7 @@ from splitlab.heads.segmentation import SegmentationHead, pixel_cross_entropy
 from splitlab.heads.vqa import LanguageBridge, VisualProjector, VQAHead, token_order
 
 __all__ = [
+    "PYRAMID_CHANNELS",
     "DETECTORS",
     "DetectionHead",
     "DetectorSettings",

@@ -20,6 +20,7 @@ from splitlab.backbone import PackedFeatures, PackedViT
 
 SCALES = (4.0, 2.0, 1.0, 0.5)
 STRIDES = (4, 8, 16, 32)
+PYRAMID_CHANNELS = 256  # the pyramid's width by default (ViTDet's)
 
 
 def pyramid_scales(patch_size: int) -> tuple[float, ...]:
@@ -70,7 +71,7 @@ class SimpleFeaturePyramid(nn.Module):
 
     @classmethod
     def for_backbone(
-        cls, backbone: PackedViT, out_channels: int = 256, indices: Sequence[int] | None = None
+        cls, backbone: PackedViT, out_channels: int = PYRAMID_CHANNELS, indices: Sequence[int] | None = None
     ) -> SimpleFeaturePyramid:
         """The pyramid a `PackedViT` feeds: strides from its patch size, blocks checked against its depth.
 
@@ -107,7 +108,7 @@ class SimpleFeaturePyramid(nn.Module):
     def __init__(
         self,
         embed_dim: int,
-        out_channels: int = 256,
+        out_channels: int = PYRAMID_CHANNELS,
         num_inputs: int = 4,
         scales: Sequence[float] = SCALES,
         indices: Sequence[int] = (),

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from splitlab.backbone import PackedFeatures, PackedViT
 from splitlab.model.hub import HubWeights
 from splitlab.model.preprocess import Preprocessing
-from splitlab.model.record import holds, policy_state, unfinished
+from splitlab.model.record import holds, older_apt_budget, policy_state, unfinished
 from splitlab.model.timm_wrap import timm_config
 from splitlab.tokenizer import (
     BASELINES,
@@ -138,7 +138,7 @@ class SplitModel(nn.Module, HubWeights):
         # from entropy_thresholds or by a search on its calibration sample)
         self.register_buffer("apt_cuts", torch.zeros(levels.num - 1))
         self.register_buffer("apt_budget", torch.tensor(-1.0))
-        self.register_load_state_dict_pre_hook(_older_apt_budget)
+        self.register_load_state_dict_pre_hook(older_apt_budget)
         self.head = self.build_head(cfg["head"])
         self.policy: str = cfg["policy"]
         self.budget = budget
@@ -444,9 +444,3 @@ class SplitModel(nn.Module, HubWeights):
         from splitlab.model.predict import predict
 
         return predict(self, inputs, **options)
-
-
-def _older_apt_budget(module: nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
-    """A file written before the name said what it holds keeps APT's budget as ``apt_fraction``."""
-    if prefix + "apt_fraction" in state:
-        state[prefix + "apt_budget"] = state.pop(prefix + "apt_fraction")

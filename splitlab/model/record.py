@@ -46,3 +46,9 @@ def unfinished(state: str, held: str) -> str | None:
         f"this model holds a {held}; finish the run before deploying it: "
         "splitlab fit --config RUN/config.yaml --ckpt_path last"
     )
+
+
+def older_apt_budget(module: Any, state: dict[str, Any], prefix: str, *args: Any) -> None:
+    """A file written before the name said what it holds keeps APT's budget as ``apt_fraction``."""
+    if prefix + "apt_fraction" in state:
+        state[prefix + "apt_budget"] = state.pop(prefix + "apt_fraction")

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from splitlab.backbone import PackedFeatures
-from splitlab.heads import DetectionHead, SegmentationHead, SimpleFeaturePyramid, VQAHead
+from splitlab.heads import PYRAMID_CHANNELS, DetectionHead, SegmentationHead, SimpleFeaturePyramid, VQAHead
 from splitlab.heads.vqa import PROMPT, LanguageBridge, build_language_model, build_tokenizer, with_lora
 from splitlab.model.base import SplitModel
 from splitlab.model.preprocess import Placement, Preprocessing
@@ -98,7 +98,7 @@ class DenseModel(SplitModel):
 
     def pyramid(self, settings: dict[str, Any]) -> SimpleFeaturePyramid:
         return SimpleFeaturePyramid.for_backbone(
-            self.backbone, settings.get("pyramid_channels", 256), settings.get("pyramid_indices")
+            self.backbone, settings.get("pyramid_channels", PYRAMID_CHANNELS), settings.get("pyramid_indices")
         )
 
     def backbone_indices(self) -> list[int]:

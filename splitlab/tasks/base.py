@@ -12,6 +12,7 @@ from torchmetrics import MetricCollection
 from splitlab.backbone import PackedViT
 from splitlab.lightning_private import attached_trainer
 from splitlab.model import SplitModel
+from splitlab.model.base import COMMON
 from splitlab.rl import PPOConfig
 from splitlab.tasks.calibration import check_apt, check_budgets
 from splitlab.tasks.evaluation import PolicyComparison
@@ -73,14 +74,14 @@ class SplitTask(TaskHooks):
 
     def __init__(
         self,
-        backbone: str = "vit_tiny_patch16_224",
-        pretrained: bool = False,
+        backbone: str = COMMON["backbone"],
+        pretrained: bool = COMMON["pretrained"],
         backbone_kwargs: dict[str, Any] | None = None,
         tokenizer: TokenizerSettings = TokenizerSettings(),
-        budget: float = 0.7,
+        budget: float = COMMON["budget"],
         budget_range: Sequence[float] | None = None,
         max_fraction: float | None = None,
-        policy: str = "learned",
+        policy: str = COMMON["policy"],
         policy_options: PolicyOptions = PolicyOptions(),
         evaluation: EvaluationSettings = EvaluationSettings(),
         optim: OptimSettings = OptimSettings(),

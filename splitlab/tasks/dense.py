@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from splitlab.heads import PYRAMID_CHANNELS
 from splitlab.tasks.base import SplitTask
 
 
@@ -21,6 +22,9 @@ class DenseTask(SplitTask):
     """
 
     def __init__(
-        self, pyramid_channels: int = 256, pyramid_indices: Sequence[int] | None = None, **kwargs: Any
+        self,
+        pyramid_channels: int = PYRAMID_CHANNELS,
+        pyramid_indices: Sequence[int] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
