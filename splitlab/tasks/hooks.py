@@ -293,8 +293,9 @@ class TaskHooks(LightningModule):
         record = summary_record(
             self.task_name, metric, self.budget, lam, rows, fn, trained_policy=trained, columns=columns
         )
+        log_dir = self.trainer.log_dir or self.trainer.default_root_dir  # on every rank: a broadcast
         if self.trainer.is_global_zero:
-            write_summary(record, self.trainer.log_dir or self.trainer.default_root_dir)
+            write_summary(record, log_dir)
             rank_zero_info("\n" + format_table(record))
 
     def predict_step(
