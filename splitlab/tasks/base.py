@@ -17,7 +17,7 @@ from splitlab.rl import PPOConfig
 from splitlab.tasks.calibration import check_apt, check_budgets
 from splitlab.tasks.evaluation import PolicyComparison
 from splitlab.tasks.hooks import TaskHooks
-from splitlab.tasks.logic import TaskLogic, own_settings
+from splitlab.tasks.logic import TaskLogic, logic_settings
 from splitlab.tasks.settings import (
     GROUPS,
     ControllerSettings,
@@ -166,7 +166,7 @@ class SplitTask(TaskHooks):
 
     def build_logic(self) -> TaskLogic:
         """The task's own code: ``logic_class`` on the model, with the task's own settings."""
-        return self.logic_class(self.model, **own_settings(self.logic_class, type(self), self.hparams))
+        return self.logic_class(self.model, logic_settings(self.logic_class, self.hparams))
 
     def task_modules(self) -> list[nn.Module]:
         """What the task optimizer trains and frozen stages freeze: backbone, embeddings, head."""

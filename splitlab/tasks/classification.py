@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch.nn.functional as F
@@ -17,20 +18,32 @@ from splitlab.tasks.logic import LossInputs, TaskLogic
 from splitlab.tokenizer import TokenLayout
 
 
+@dataclass(frozen=True)
+class ClassificationSettings:
+    """What classification's code reads of its task's settings.
+
+    Attributes:
+        label_smoothing: cross-entropy label smoothing.
+    """
+
+    label_smoothing: float = 0.0
+
+
 class ClassificationLogic(TaskLogic):
     """Classification's own code: per-image cross-entropy, top-1 and top-5 accuracy.
 
     Args:
         model: the task's `SplitClassifier` (its classes are its timm head's).
-        label_smoothing: cross-entropy label smoothing.
+        settings: `ClassificationSettings`.
     """
 
     task_name = "classification"
     metric_name = "top1"
+    settings_class = ClassificationSettings
 
-    def __init__(self, model: SplitClassifier, label_smoothing: float) -> None:
+    def __init__(self, model: SplitClassifier, settings: ClassificationSettings) -> None:
         super().__init__(model)
-        self.label_smoothing = label_smoothing
+        self.label_smoothing = settings.label_smoothing
 
     @property
     def num_classes(self) -> int:
@@ -97,7 +110,7 @@ class ClassificationTask(SplitTask):
         self,
         num_classes: int | None = None,
         global_pool: str | None = None,
-        label_smoothing: float = 0.0,
+        label_smoothing: float = ClassificationSettings.label_smoothing,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

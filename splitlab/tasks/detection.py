@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +24,14 @@ from splitlab.tokenizer import TokenLayout
 OWN_SCORE = 0.5
 
 
+@dataclass(frozen=True)
+class DetectionSettings:
+    """What detection's code reads of its task's settings (`DetectionLogic` says what each is)."""
+
+    num_classes: int = 80
+    thin_classes: Sequence[int] = ()
+
+
 class DetectionLogic(TaskLogic):
     """Detection's own code: each image's detection loss, COCO mAP and where the fine tokens go.
 
@@ -36,10 +45,12 @@ class DetectionLogic(TaskLogic):
     task_name = "detection"
     metric_name = "map"
 
-    def __init__(self, model: SplitModel, num_classes: int, thin_classes: Sequence[int]) -> None:
+    settings_class = DetectionSettings
+
+    def __init__(self, model: SplitModel, settings: DetectionSettings) -> None:
         super().__init__(model)
-        self.num_classes = num_classes
-        self.thin_classes = tuple(thin_classes)
+        self.num_classes = settings.num_classes
+        self.thin_classes = tuple(settings.thin_classes)
 
     def check_data(self, datamodule: Any, run: RunFacts) -> None:
         """Mask R-CNN learns from instance masks, which the data must load."""
@@ -162,9 +173,9 @@ class DetectionTask(DenseTask):
 
     def __init__(
         self,
-        num_classes: int = 80,
+        num_classes: int = DetectionSettings.num_classes,
         detector: DetectorSettings = DetectorSettings(),
-        thin_classes: Sequence[int] = (),
+        thin_classes: Sequence[int] = DetectionSettings.thin_classes,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

@@ -9,9 +9,8 @@ name, each on that task's member model: the same code, the same numbers, no attr
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
@@ -32,18 +31,17 @@ class RunFacts:
     synced_batchnorm: bool = False
 
 
-def own_settings(logic_class: type[TaskLogic], task_class: type, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings ``logic_class`` takes after the model: each from ``given`` where set, else
-    ``task_class``'s default (the one its ``--model.help`` shows: one default per setting)."""
-    defaults: dict[str, Any] = {}
-    for cls in reversed(task_class.__mro__):
-        init = vars(cls).get("__init__")
-        if inspect.isfunction(init):
-            for name, param in inspect.signature(init).parameters.items():
-                if param.default is not inspect.Parameter.empty:
-                    defaults[name] = param.default
-    wanted = list(inspect.signature(logic_class).parameters)[1:]
-    return {name: given[name] if name in given else defaults[name] for name in wanted}
+@dataclass(frozen=True)
+class NoSettings:
+    """The settings of a task's code that reads none of its own."""
+
+
+def logic_settings(logic_class: type[TaskLogic], given: Mapping[str, Any]) -> Any:
+    """The settings ``logic_class`` reads (its ``settings_class``, a dataclass): each field from
+    ``given`` (a task's settings, or a multi-task entry) where set, else the dataclass's default, the
+    one each has (the task class's signature takes it from there)."""
+    cls = logic_class.settings_class
+    return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
 
 
 class TaskLogic:
@@ -58,8 +56,9 @@ class TaskLogic:
     task_name: ClassVar[str] = "task"
     metric_name: ClassVar[str] = "metric"
     num_classes: int | None = None  # classes of the task's head (None where the task has no class count)
+    settings_class: ClassVar[type] = NoSettings  # the settings it reads, given to it explicitly
 
-    def __init__(self, model: SplitModel) -> None:
+    def __init__(self, model: SplitModel, settings: Any = None) -> None:
         self.model = model
 
     @property

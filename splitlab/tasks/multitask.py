@@ -15,7 +15,7 @@ from splitlab.lightning_private import attached_trainer
 from splitlab.model import Preprocessing, SplitMultiTask
 from splitlab.tasks.base import SplitTask
 from splitlab.tasks.detection import DetectionTask
-from splitlab.tasks.logic import TaskLogic, own_settings
+from splitlab.tasks.logic import TaskLogic, logic_settings
 from splitlab.tasks.segmentation import SegmentationTask
 from splitlab.tasks.state import check_task_data, run_facts
 from splitlab.tokenizer import TokenLayout
@@ -251,8 +251,8 @@ class MultiTaskSplit(SplitTask):
         logics: dict[str, TaskLogic] = {}
         for name, given in self.hparams.tasks.items():
             task_class = TASK_CLASSES[given["task"]]
-            settings = own_settings(task_class.logic_class, task_class, given)
-            logics[name] = task_class.logic_class(self.model.members[name], **settings)
+            logic_class = task_class.logic_class
+            logics[name] = logic_class(self.model.members[name], logic_settings(logic_class, given))
         return MultiTaskLogic(self.model, logics, self.hparams.loss_momentum, self.mean_over_ranks)
 
     def configure_models(self) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +21,17 @@ from splitlab.tasks.logic import LossInputs, RunFacts, TaskLogic
 from splitlab.tokenizer import TokenLayout
 
 COVERAGE_COLUMNS = ("object_fine_coverage", "boundary_fine_coverage", "thin_fine_coverage")
+
+
+@dataclass(frozen=True)
+class SegmentationSettings:
+    """What segmentation's code reads of its task's settings (`SegmentationLogic` says what each is)."""
+
+    num_classes: int = 150
+    ignore_index: int = 255
+    aux_weight: float = 0.4
+    background_classes: Sequence[int] = ()
+    thin_classes: Sequence[int] = ()
 
 
 class SegmentationLogic(TaskLogic):
@@ -39,15 +51,15 @@ class SegmentationLogic(TaskLogic):
     task_name = "segmentation"
     metric_name = "miou"
 
-    def __init__(
-        self,
-        model: SplitModel,
-        num_classes: int,
-        ignore_index: int,
-        aux_weight: float,
-        background_classes: Sequence[int],
-        thin_classes: Sequence[int],
-    ) -> None:
+    settings_class = SegmentationSettings
+
+    def __init__(self, model: SplitModel, settings: SegmentationSettings) -> None:
+        num_classes, ignore_index, aux_weight = (
+            settings.num_classes,
+            settings.ignore_index,
+            settings.aux_weight,
+        )
+        background_classes, thin_classes = settings.background_classes, settings.thin_classes
         for name, classes in (("background_classes", background_classes), ("thin_classes", thin_classes)):
             outside = [c for c in classes if not 0 <= c < num_classes]
             if outside:
@@ -168,13 +180,13 @@ class SegmentationTask(DenseTask):
 
     def __init__(
         self,
-        num_classes: int = 150,
+        num_classes: int = SegmentationSettings.num_classes,
         decode_head: dict[str, Any] | None = None,
         auxiliary_head: dict[str, Any] | None = None,
-        aux_weight: float = 0.4,
-        ignore_index: int = 255,
-        background_classes: Sequence[int] = (),
-        thin_classes: Sequence[int] = (),
+        aux_weight: float = SegmentationSettings.aux_weight,
+        ignore_index: int = SegmentationSettings.ignore_index,
+        background_classes: Sequence[int] = SegmentationSettings.background_classes,
+        thin_classes: Sequence[int] = SegmentationSettings.thin_classes,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

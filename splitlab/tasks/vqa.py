@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,14 @@ from splitlab.tasks.logic import LossInputs, TaskLogic
 from splitlab.tokenizer import TokenLayout
 
 
+@dataclass(frozen=True)
+class VQASettings:
+    """What VQA's code reads of its task's settings (`VQALogic` says what each is)."""
+
+    question_types: Sequence[str] = ()
+    vqa_accuracy_mode: str = "official"
+
+
 class VQALogic(TaskLogic):
     """VQA's own code: the mean teacher-forced answer-token NLL of each image's questions, greedy
     answers, and the VQA accuracy.
@@ -32,11 +42,11 @@ class VQALogic(TaskLogic):
     task_name = "vqa"
     metric_name = "vqa_accuracy"
 
-    def __init__(
-        self, model: SplitVQA, question_types: list[str] | tuple[str, ...], vqa_accuracy_mode: str
-    ) -> None:
+    settings_class = VQASettings
+
+    def __init__(self, model: SplitVQA, settings: VQASettings) -> None:
         super().__init__(model)
-        self.question_types, self.vqa_accuracy_mode = question_types, vqa_accuracy_mode
+        self.question_types, self.vqa_accuracy_mode = settings.question_types, settings.vqa_accuracy_mode
 
     def repeat_targets(self, targets: list[dict[str, Any]], times: int) -> list[dict[str, Any]]:
         return list(targets) * times
@@ -125,8 +135,8 @@ class VQATask(SplitTask):
         max_new_tokens: int = 8,
         train_lm: bool = False,
         lora: dict[str, Any] | None = None,
-        question_types: list[str] | tuple[str, ...] = (),
-        vqa_accuracy_mode: str = "official",
+        question_types: list[str] | tuple[str, ...] = VQASettings.question_types,
+        vqa_accuracy_mode: str = VQASettings.vqa_accuracy_mode,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
