@@ -29,15 +29,15 @@ def test_the_overlay_trains_as_the_recipe_does_without_boxes(tmp_path) -> None:
     alone = composed(tmp_path, recipe)["model"]["init_args"]
     model, data = bare["model"]["init_args"], bare["data"]["init_args"]
     assert data["objects"] is None and twin["data"]["init_args"]["objects"] == "objects.json"
-    assert model["warm_start"]["label_source"] == alone["warm_start"]["label_source"] == "embedding"
+    assert model["warm_start"]["label_source"] == alone["warm_start"]["label_source"] == "fidelity"
     assert twin["model"]["init_args"]["warm_start"]["label_source"] == "annotations"
     assert model["ppo"]["samples"] == alone["ppo"]["samples"] == 8
     assert model["warm_start"]["teacher_forcing"] == alone["warm_start"]["teacher_forcing"] == 0.0
     assert twin["model"]["init_args"]["ppo"]["samples"] == 4
     assert twin["model"]["init_args"]["warm_start"]["teacher_forcing"] == 0.5
     assert (
-        model["ppo"]["imitation"] is None
-    )  # resolved to 0 by the label source (SplitTraining.anchor_weight)
+        model["ppo"]["imitation"] == alone["ppo"]["imitation"] == 0.0
+    )  # unanchored: the fidelity labels' default is 1
     assert "oracle" not in model["evaluation"]["eval_baselines"]
     # everything else is the twin's: the overlay changes only what the missing boxes change
     for key in ("tokenizer", "budget", "budget_range", "optim", "controller", "backbone_kwargs"):
