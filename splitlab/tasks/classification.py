@@ -40,10 +40,7 @@ class ClassificationLogic(TaskLogic):
     task_name = "classification"
     metric_name = "top1"
     settings_class = ClassificationSettings
-
-    def __init__(self, model: SplitClassifier, settings: ClassificationSettings) -> None:
-        super().__init__(model)
-        self.label_smoothing = settings.label_smoothing
+    settings: ClassificationSettings
 
     @property
     def num_classes(self) -> int:
@@ -60,7 +57,7 @@ class ClassificationLogic(TaskLogic):
 
     def per_image_loss(self, outputs: Tensor, targets: Tensor, inputs: LossInputs) -> Tensor:
         return F.cross_entropy(
-            outputs.float(), targets, reduction="none", label_smoothing=self.label_smoothing
+            outputs.float(), targets, reduction="none", label_smoothing=self.settings.label_smoothing
         )
 
     def own_targets(self, reference: Tensor, targets: Tensor) -> Tensor:

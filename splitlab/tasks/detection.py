@@ -48,7 +48,7 @@ class DetectionLogic(TaskLogic):
     settings_class = DetectionSettings
 
     def __init__(self, model: SplitModel, settings: DetectionSettings) -> None:
-        super().__init__(model)
+        super().__init__(model, settings)
         self.num_classes = settings.num_classes
         self.thin_classes = tuple(settings.thin_classes)
 

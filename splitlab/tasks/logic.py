@@ -60,6 +60,7 @@ class TaskLogic:
 
     def __init__(self, model: SplitModel, settings: Any = None) -> None:
         self.model = model
+        self.settings = settings if settings is not None else self.settings_class()
 
     @property
     def head(self) -> nn.Module | None:

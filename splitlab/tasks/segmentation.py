@@ -64,7 +64,7 @@ class SegmentationLogic(TaskLogic):
             outside = [c for c in classes if not 0 <= c < num_classes]
             if outside:
                 raise ValueError(f"{name} {outside} are not classes of num_classes={num_classes}")
-        super().__init__(model)
+        super().__init__(model, settings)
         self.num_classes, self.ignore_index, self.aux_weight = num_classes, ignore_index, aux_weight
         self.background_classes, self.thin_classes = background_classes, tuple(thin_classes)
 

@@ -45,7 +45,7 @@ class VQALogic(TaskLogic):
     settings_class = VQASettings
 
     def __init__(self, model: SplitVQA, settings: VQASettings) -> None:
-        super().__init__(model)
+        super().__init__(model, settings)
         self.question_types, self.vqa_accuracy_mode = settings.question_types, settings.vqa_accuracy_mode
 
     def repeat_targets(self, targets: list[dict[str, Any]], times: int) -> list[dict[str, Any]]:
