@@ -42,6 +42,7 @@ from splitlab.tasks.training import check_label_source
 from splitlab.tasks.transfer import check_policy, transferred_decision
 from splitlab.tokenizer import Levels, SplitTokenizer, TokenLayout
 from splitlab.training import SplitTraining
+from splitlab.training.algorithm import trained_parts
 from splitlab.training.progress import Stage
 
 
@@ -170,7 +171,7 @@ class SplitTask(TaskHooks):
 
     def task_modules(self) -> list[nn.Module]:
         """What the task optimizer trains and frozen stages freeze: backbone, embeddings, head."""
-        return [self.backbone, self.tokenizer.embed, *([self.head] if self.head is not None else [])]
+        return trained_parts(self.model)
 
     @property
     def stage(self) -> Stage:

@@ -43,6 +43,11 @@ from splitlab.training.task import LossInputs, TaskFunctions
 ANCHORED_SOURCES = ("annotations", "loss", "fidelity")  # labels PPO stays anchored to by default
 
 
+def trained_parts(model: SplitModel) -> list[nn.Module]:
+    """What the task optimizer trains and frozen stages freeze by default: backbone, embeddings, head."""
+    return [model.backbone, model.tokenizer.embed, *([model.head] if model.head is not None else [])]
+
+
 class SplitTraining:
     """SPLIT's training of one model: which stage runs and one step of each.
 
@@ -72,13 +77,7 @@ class SplitTraining:
         self.reduce = reduce if reduce is not None else (lambda value: value)
         self._generator = generator
         self._own_generator: torch.Generator | None = None
-        if task_modules is None:
-            task_modules = [
-                model.backbone,
-                model.tokenizer.embed,
-                *([model.head] if model.head is not None else []),
-            ]
-        self._task_modules = list(task_modules)
+        self._task_modules = list(task_modules if task_modules is not None else trained_parts(model))
         self.progress = Progress()  # the stage and the PPO updates run: one writer each
         points = model.tokenizer.operating_points.budgets.tolist()
         c = self.settings.controller
