@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from splitlab.backbone import PackedFeatures, PackedViT
+from splitlab.model.head_settings import NoSettings, head_config, settings_of
 from splitlab.model.hub import HubWeights
 from splitlab.model.preprocess import Preprocessing
 from splitlab.model.record import holds, older_apt_budget, policy_state, unfinished
@@ -72,14 +73,14 @@ class SplitModel(nn.Module, HubWeights):
     layout (``config.json`` + ``model.safetensors``), `push_to_hub` uploads it.
 
     Args:
-        config: the settings (see ``COMMON`` and the task class's ``head_keys``): the timm backbone
-            and its kwargs, levels, decision module size, the budget points the policy was trained
-            for and the one it deploys by default, the hard cap, the trained policy, names,
-            preprocessing and the head's settings under ``head``.
+        config: the settings (see ``COMMON``): the timm backbone and its kwargs, levels, decision
+            module size, the budget points the policy was trained for and the one it deploys by
+            default, the hard cap, the trained policy, names, preprocessing and the head's settings
+            under ``head`` (the class's ``head_settings_class``, `splitlab.model.head_settings`).
     """
 
     task: ClassVar[str] = ""
-    head_keys: ClassVar[tuple[str, ...]] = ()
+    head_settings_class: ClassVar[type] = NoSettings  # its head's settings: config.json's ``head``
     square_input: ClassVar[bool] = True  # its preprocessing letterboxes into a square (not a classifier's)
     registry: ClassVar[dict[str, type[SplitModel]]] = {}
 
@@ -91,8 +92,8 @@ class SplitModel(nn.Module, HubWeights):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
         cfg = {**copy.deepcopy(COMMON), **copy.deepcopy(dict(config)), "task": self.task}
-        cfg["head"] = dict(cfg.get("head") or {})
         self.config = cfg
+        self.set_head_settings(settings_of(self.head_settings_class, cfg.get("head"), "config head"))
         if cfg["policy"] not in POLICIES:
             raise ValueError(f"policy={cfg['policy']!r}: expected one of {POLICIES}")
         self.backbone = PackedViT(
@@ -131,7 +132,7 @@ class SplitModel(nn.Module, HubWeights):
             see_descendants=cfg["decision_context"] == "descendants",
         )
         self.tokenizer.operating_points.check(budget)
-        self.max_tokens = self.cap_tokens(cfg["max_fraction"], "max_fraction")
+        self.cap_tokens(cfg["max_fraction"], "max_fraction")  # refused here, before any weights load
         self.check_cap(cfg["max_fraction"], budget)
         # APT's per-level entropy cuts in bits when it is the trained policy (coarse to fine: split
         # where entropy > cut), and the budget they were set for (-1: not set yet; a fit sets them
@@ -139,7 +140,7 @@ class SplitModel(nn.Module, HubWeights):
         self.register_buffer("apt_cuts", torch.zeros(levels.num - 1))
         self.register_buffer("apt_budget", torch.tensor(-1.0))
         self.register_load_state_dict_pre_hook(older_apt_budget)
-        self.head = self.build_head(cfg["head"])
+        self.head = self.build_head(self.head_settings)
         self.policy: str = cfg["policy"]
         self.budget = budget
         given = cfg["preprocessing"]
@@ -207,28 +208,31 @@ class SplitModel(nn.Module, HubWeights):
             return model
 
     @classmethod
-    def head_on(
-        cls, shared: SplitModel, head: dict[str, Any], names: Sequence[str] | None = None
-    ) -> SplitModel:
-        """This task's model around ``shared``'s backbone and tokenizer, which it uses and does not
-        copy: a member of a multi-task model (`splitlab.model.SplitMultiTask`), which holds, moves
-        and saves the shared parts once and registers the member's head as its own. A member gives
-        its head, results and names; it is not deployed alone (it has no policy state)."""
+    def head_on(cls, shared: SplitModel, head: Any, names: Sequence[str] | None = None) -> SplitModel:
+        """This task's model, with head settings ``head``, around ``shared``'s backbone and tokenizer
+        (used, not copied): a member of a `SplitMultiTask`, which holds, moves and saves the shared
+        parts once. A member gives its head, results and names; it is never deployed alone."""
         member = cls.__new__(cls)
         nn.Module.__init__(member)
         member.config = {
             **copy.deepcopy(shared.config),
             "task": cls.task,
-            "head": copy.deepcopy(dict(head)),
             "names": list(names) if names else None,
         }
+        member.set_head_settings(head)
         member.backbone, member.tokenizer, member.levels = shared.backbone, shared.tokenizer, shared.levels
         member.names = member.config["names"]
-        member.head = member.build_head(member.config["head"])
+        member.head = member.build_head(member.head_settings)
         return member
 
-    def build_head(self, settings: dict[str, Any]) -> nn.Module | None:
-        """The task head (None where the timm model's own head is used)."""
+    def set_head_settings(self, settings: Any) -> None:
+        """The head's settings and config.json's ``head`` made from them: one writer, never apart."""
+        self.head_settings = settings
+        self.config["head"] = head_config(settings)
+
+    def build_head(self, settings: Any) -> nn.Module | None:
+        """The task head (None where the timm model's own head is used), from ``settings``, an
+        instance of the class's ``head_settings_class``."""
         return None
 
     def default_preprocessing(self) -> Preprocessing:
@@ -237,6 +241,11 @@ class SplitModel(nn.Module, HubWeights):
         return Preprocessing(
             self.backbone.img_size, tuple(cfg["mean"]), tuple(cfg["std"])
         )  # square: letterbox
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The hard cap (its one home: ``config["max_fraction"]``) as a count of finest cells."""
+        return self.cap_tokens(self.config["max_fraction"])
 
     def cap_tokens(self, max_fraction: float | None, setting: str = "max_fraction") -> int | None:
         """A per-image cap on the token fraction as a token count of the finest grid (None: no cap)."""
@@ -278,7 +287,7 @@ class SplitModel(nn.Module, HubWeights):
                 self.levels.check_fraction(budget, "budget"), "budget"
             )
         if max_fraction is not None:
-            self.max_tokens = self.cap_tokens(max_fraction)
+            self.cap_tokens(max_fraction)  # a fraction out of range is refused before it is kept
             self.config["max_fraction"] = float(max_fraction)
 
     def export_config(self) -> dict[str, Any]:
@@ -363,11 +372,9 @@ class SplitModel(nn.Module, HubWeights):
         any image is read; returns the policy it runs (default: the trained one).
 
         The budget (default: the model's) must be one the learned policy was trained for, and the cap
-        that binds the call (`binding_cap`) must not lie under it (`check_cap`, the one wording of
-        construction, ``lightning validate`` and every export). A per-image budget tensor (training's
-        sampler, the budget strip) is checked where it is drawn: reading it here would wait on the
-        device. ``uniform`` meets no budget (every patch split), so only its cap's range is checked.
-        """
+        that binds the call (`binding_cap`) not under it (`check_cap`). A per-image budget tensor is
+        checked where it is drawn (reading it here would wait on the device); ``uniform`` meets no
+        budget, so only its cap's range is checked."""
         policy = self.check_policy(policy)
         if max_fraction is not None:
             self.cap_tokens(max_fraction, "max_fraction")
@@ -394,10 +401,7 @@ class SplitModel(nn.Module, HubWeights):
         below the budget is refused (`check_call`)."""
         policy = self.check_call(budget, max_fraction, policy)
         budget = self.budget if budget is None else budget
-        if max_fraction is not None:
-            max_tokens = self.cap_tokens(max_fraction, "max_fraction")
-        else:
-            max_tokens = self.max_tokens if policy in ("learned", self.policy) else None
+        max_tokens = self.cap_tokens(self.binding_cap(policy, max_fraction))
         if policy == "learned":
             return self.tokenizer(
                 images, self.backbone, mode="threshold", budget=budget, max_tokens=max_tokens

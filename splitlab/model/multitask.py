@@ -9,13 +9,16 @@ saves the shared parts once.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
 
 from splitlab.backbone import PackedFeatures
 from splitlab.model.base import SplitModel
+from splitlab.model.head_settings import MultiTaskHeadSettings, picked
 from splitlab.model.preprocess import Placement
 from splitlab.model.tasks import DenseModel
 
@@ -28,16 +31,17 @@ class SplitMultiTask(DenseModel):
     """Several heads on one SPLIT backbone: ``model(images)`` returns ``{task name: that head's
     outputs}`` for every image, from one layout and one backbone pass.
 
-    Head settings: ``tasks``, a mapping from a task name (``coco``, ``ade20k``) to that task's model
-    settings: ``task`` (``detection`` or ``segmentation``), its head's settings as its own model
-    takes them (`SplitDetector`, `SplitSegmenter`), and its ``names``.
+    Head settings: `MultiTaskHeadSettings`: a mapping from a task name (``coco``, ``ade20k``) to that
+    task's settings: ``task`` (``detection`` or ``segmentation``), its head's settings as its own
+    model takes them (`SplitDetector`, `SplitSegmenter`; the task's other settings are not the head's),
+    and its ``names``.
     """
 
     task = "multitask"
-    head_keys = ("tasks",)
+    head_settings_class = MultiTaskHeadSettings
 
-    def build_head(self, settings: dict[str, Any]) -> nn.ModuleDict:
-        tasks = settings.get("tasks") or {}
+    def build_head(self, settings: MultiTaskHeadSettings) -> nn.ModuleDict:
+        tasks = settings.tasks
         if not isinstance(tasks, Mapping) or not tasks:
             raise ValueError(
                 "tasks: name each task and its head, e.g. {coco: {task: detection, num_classes: 80}, "
@@ -49,8 +53,9 @@ class SplitMultiTask(DenseModel):
             kind = (given or {}).get("task")
             if kind not in MEMBER_TASKS:
                 raise ValueError(f"tasks.{name}.task={kind!r}: expected one of {MEMBER_TASKS}")
-            head = {k: v for k, v in given.items() if k not in ("task", "names")}
-            self.members[name] = SplitModel.registry[kind].head_on(self, head, given.get("names"))
+            member = SplitModel.registry[kind]
+            head = picked(member.head_settings_class, given)  # its head's, of the task's settings
+            self.members[name] = member.head_on(self, head, given.get("names"))
         return nn.ModuleDict({name: member.head for name, member in self.members.items()})
 
     def backbone_indices(self) -> list[int]:
@@ -92,8 +97,10 @@ class SplitMultiTask(DenseModel):
     ) -> None:
         """What a task's data says about its outputs (class names, dataset category ids), kept in the
         config so that a saved model names them."""
-        member, settings = self.members[name], self.config["head"]["tasks"][name]
+        member, tasks = self.members[name], copy.deepcopy(self.head_settings.tasks)
         if names:
-            member.names = settings["names"] = list(names)
+            member.names = tasks[name]["names"] = list(names)
         if category_ids:
-            member.config["head"]["category_ids"] = settings["category_ids"] = list(category_ids)
+            member.set_head_settings(replace(member.head_settings, category_ids=list(category_ids)))
+            tasks[name]["category_ids"] = list(category_ids)
+        self.set_head_settings(replace(self.head_settings, tasks=tasks))

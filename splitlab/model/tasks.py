@@ -14,9 +14,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from splitlab.backbone import PackedFeatures
-from splitlab.heads import PYRAMID_CHANNELS, DetectionHead, SegmentationHead, SimpleFeaturePyramid, VQAHead
-from splitlab.heads.vqa import PROMPT, LanguageBridge, build_language_model, build_tokenizer, with_lora
+from splitlab.heads import DetectionHead, SegmentationHead, SimpleFeaturePyramid, VQAHead
+from splitlab.heads.vqa import LanguageBridge, build_language_model, build_tokenizer, with_lora
 from splitlab.model.base import SplitModel
+from splitlab.model.head_settings import (
+    ClassificationHeadSettings,
+    DetectionHeadSettings,
+    PyramidHeadSettings,
+    SegmentationHeadSettings,
+    VQAHeadSettings,
+)
 from splitlab.model.preprocess import Placement, Preprocessing
 
 # timm's poolings that give one vector per image, each run on the image's own packed tokens
@@ -27,21 +34,19 @@ class SplitClassifier(SplitModel):
     """Classification with the timm model's own head (class token, mean or max pool, SigLIP's attention
     pool, DeiT's two distilled heads), on each image's own tokens.
 
-    Head settings: ``num_classes`` (None keeps the timm model's head), ``global_pool`` (one of
-    ``POOLS``; None keeps the model's).
+    Head settings: `ClassificationHeadSettings`.
     """
 
     task = "classification"
-    head_keys = ("num_classes", "global_pool")
+    head_settings_class = ClassificationHeadSettings
     square_input = False  # timm's crop transform takes any (height, width)
 
-    def build_head(self, settings: dict[str, Any]) -> None:
+    def build_head(self, settings: ClassificationHeadSettings) -> None:
         model = self.backbone.model
-        pool = settings.get("global_pool") or model.global_pool
+        pool = settings.global_pool or model.global_pool
         if pool not in POOLS:
             raise ValueError(f"global_pool={pool!r}: expected one of {POOLS} (a vector per image)")
-        classes = settings.get("num_classes")
-        classes = model.num_classes if classes is None else int(classes)
+        classes = model.num_classes if settings.num_classes is None else int(settings.num_classes)
         if classes != model.num_classes or pool != model.global_pool:
             try:
                 model.reset_classifier(classes, pool)
@@ -96,9 +101,9 @@ class SplitClassifier(SplitModel):
 class DenseModel(SplitModel):
     """A model whose head reads a ViTDet-style simple feature pyramid from chosen blocks."""
 
-    def pyramid(self, settings: dict[str, Any]) -> SimpleFeaturePyramid:
+    def pyramid(self, settings: PyramidHeadSettings) -> SimpleFeaturePyramid:
         return SimpleFeaturePyramid.for_backbone(
-            self.backbone, settings.get("pyramid_channels", PYRAMID_CHANNELS), settings.get("pyramid_indices")
+            self.backbone, settings.pyramid_channels, settings.pyramid_indices
         )
 
     def backbone_indices(self) -> list[int]:
@@ -126,15 +131,15 @@ class DenseModel(SplitModel):
 class SplitDetector(DenseModel):
     """Detection: feature pyramid + torchvision's Faster / Mask R-CNN heads (`DetectionHead`).
 
-    Head settings: ``num_classes``, ``detector`` (`DetectorSettings`' fields, a mapping), the pyramid's
-    (``pyramid_channels``, ``pyramid_indices``) and ``category_ids`` (the dataset's id of labels
-    1..K, for COCO results files). ``names[k - 1]`` names label k (0 is torchvision's background).
+    Head settings: `DetectionHeadSettings`. ``names[k - 1]`` names label k (0 is torchvision's
+    background).
     """
 
     task = "detection"
-    head_keys = ("num_classes", "detector", "pyramid_channels", "pyramid_indices", "category_ids")
+    head_settings_class = DetectionHeadSettings
+    head_settings: DetectionHeadSettings
 
-    def build_head(self, settings: dict[str, Any]) -> DetectionHead:
+    def build_head(self, settings: DetectionHeadSettings) -> DetectionHead:
         patch = self.backbone.patch_size
         if patch & (patch - 1):
             raise ValueError(
@@ -143,13 +148,13 @@ class SplitDetector(DenseModel):
                 "model.init_args.backbone_kwargs.patch_size=16 (timm resamples the patch embedding)"
             )
         return DetectionHead(
-            self.pyramid(settings), settings["num_classes"], self.backbone.img_size, settings.get("detector")
+            self.pyramid(settings), settings.num_classes, self.backbone.img_size, settings.detector
         )
 
     def category_id(self, label: int) -> int:
         """The dataset's category id of a label (1..K; 0 is torchvision's background); the label
         itself without a table."""
-        ids = self.config["head"].get("category_ids")
+        ids = self.head_settings.category_ids
         return int(ids[label - 1]) if ids and 0 < label <= len(ids) else int(label)
 
     def name_of(self, label: int) -> str:
@@ -212,18 +217,15 @@ def instance_masks(
 class SplitSegmenter(DenseModel):
     """Semantic segmentation: feature pyramid + an mmseg decode head (`SegmentationHead`).
 
-    Head settings: ``num_classes``, ``decode_head``, ``auxiliary_head`` and the pyramid's.
+    Head settings: `SegmentationHeadSettings`.
     """
 
     task = "segmentation"
-    head_keys = ("num_classes", "decode_head", "auxiliary_head", "pyramid_channels", "pyramid_indices")
+    head_settings_class = SegmentationHeadSettings
 
-    def build_head(self, settings: dict[str, Any]) -> SegmentationHead:
+    def build_head(self, settings: SegmentationHeadSettings) -> SegmentationHead:
         return SegmentationHead(
-            self.pyramid(settings),
-            int(settings.get("num_classes", 150)),
-            settings.get("decode_head"),
-            settings.get("auxiliary_head"),
+            self.pyramid(settings), settings.num_classes, settings.decode_head, settings.auxiliary_head
         )
 
     def default_preprocessing(self) -> Preprocessing:
@@ -253,33 +255,22 @@ class SplitSegmenter(DenseModel):
 class SplitVQA(SplitModel):
     """VQA, LLaVA-style: one block's tokens (no CLS) in raster order -> projector -> causal LM.
 
-    Head settings: ``lm`` (hub name, folder or config dict), ``tokenizer`` (hub name / folder or a
-    ``vocab.json`` word list), ``prompt``, ``feature_block``, ``token_order``, ``raster_anchor``,
-    ``max_new_tokens``, ``train_lm`` (the LM was fine-tuned: float32, saved), ``lora``.
+    Head settings: `VQAHeadSettings`.
     """
 
     task = "vqa"
-    head_keys = (
-        "lm",
-        "lm_tokenizer",
-        "prompt",
-        "feature_block",
-        "token_order",
-        "raster_anchor",
-        "max_new_tokens",
-        "train_lm",
-        "lora",
-    )
+    head_settings_class = VQAHeadSettings
+    head_settings: VQAHeadSettings
 
-    def build_head(self, settings: dict[str, Any]) -> VQAHead:
-        lm = settings.get("lm", "llava-hf/llava-1.5-7b-hf")
-        text = build_tokenizer(settings.get("lm_tokenizer", "llava-hf/llava-1.5-7b-hf"))
-        train_lm = bool(settings.get("train_lm", False))
+    def build_head(self, settings: VQAHeadSettings) -> VQAHead:
+        lm = settings.lm
+        text = build_tokenizer(settings.lm_tokenizer)
+        train_lm = bool(settings.train_lm)
         language, projector = build_language_model(
             lm, vocab_size=len(text), dtype=torch.float32 if train_lm else None
         )
         depth = self.backbone.depth
-        block = int(settings.get("feature_block", -2))
+        block = int(settings.feature_block)
         if not -depth <= block < depth:
             raise ValueError(f"feature_block={block} out of range for a {depth}-block backbone")
         if projector and projector["0.weight"].shape[1] != self.backbone.embed_dim:
@@ -287,7 +278,7 @@ class SplitVQA(SplitModel):
                 f"lm={lm!r}: its projector reads {projector['0.weight'].shape[1]}-wide features, the backbone "
                 f"{self.config['backbone']!r} gives {self.backbone.embed_dim}"
             )
-        lora = settings.get("lora")
+        lora = settings.lora
         if lora is not None and train_lm:
             raise ValueError(
                 f"train_lm=True with lora={lora}: choose one (LoRA trains adapters of a frozen LM)"
@@ -295,19 +286,13 @@ class SplitVQA(SplitModel):
         language.requires_grad_(train_lm)
         if lora is not None:
             language = with_lora(language, dict(lora))
-        bridge = LanguageBridge(
-            language, text, settings.get("prompt", PROMPT), int(settings.get("max_new_tokens", 8))
-        )
+        bridge = LanguageBridge(language, text, settings.prompt, int(settings.max_new_tokens))
         return VQAHead(
-            self.backbone.embed_dim,
-            bridge,
-            settings.get("token_order", "raster"),
-            settings.get("raster_anchor", "corner"),
-            projector,
+            self.backbone.embed_dim, bridge, settings.token_order, settings.raster_anchor, projector
         )
 
     def backbone_indices(self) -> list[int]:
-        return [int(self.config["head"].get("feature_block", -2)) % self.backbone.depth]
+        return [int(self.head_settings.feature_block) % self.backbone.depth]
 
     def forward_task(self, features: PackedFeatures) -> list[Tensor]:
         return self.head.visual_tokens(features.intermediates[0], features.layout)
@@ -320,8 +305,8 @@ class SplitVQA(SplitModel):
         """A frozen LM loaded by name or folder comes back identical from there, so saved files leave
         its weights out (LLaVA-1.5-7B: 13 GB); a trained LM, LoRA adapters and an LM built from a
         config (random init) are saved."""
-        head = self.config["head"]
-        if head.get("train_lm") or not isinstance(head.get("lm", ""), str):
+        head = self.head_settings
+        if head.train_lm or not isinstance(head.lm, str):
             return set()
         return {f"head.bridge.lm.{k}" for k in self.head.bridge.lm.state_dict() if "lora_" not in k}
 

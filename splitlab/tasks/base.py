@@ -13,11 +13,12 @@ from splitlab.backbone import PackedViT
 from splitlab.lightning_private import attached_trainer
 from splitlab.model import SplitModel
 from splitlab.model.base import COMMON
+from splitlab.model.head_settings import picked, settings_of
 from splitlab.rl import PPOConfig
 from splitlab.tasks.calibration import check_apt, check_budgets
 from splitlab.tasks.evaluation import PolicyComparison
 from splitlab.tasks.hooks import TaskHooks
-from splitlab.tasks.logic import TaskLogic, logic_settings
+from splitlab.tasks.logic import TaskLogic
 from splitlab.tasks.settings import (
     GROUPS,
     ControllerSettings,
@@ -27,7 +28,6 @@ from splitlab.tasks.settings import (
     TokenizerSettings,
     WarmStartSettings,
     model_config,
-    settings_of,
     training_settings,
 )
 from splitlab.tasks.state import (
@@ -143,7 +143,7 @@ class SplitTask(TaskHooks):
         """The deployable model (`SplitModel`: backbone, tokenizer, head), the task's own code
         (``logic``) and the training object (``algorithm``), whose state the task registers."""
         hp = self.hparams
-        self.model = self.model_class(model_config(hp, self.model_class.head_keys))
+        self.model = self.model_class(model_config(hp, picked(self.model_class.head_settings_class, hp)))
         self.logic = self.build_logic()
         check_budgets(self.model, hp.evaluation, hp.budget_range, hp.max_fraction)
         self.algorithm = SplitTraining(
@@ -167,7 +167,7 @@ class SplitTask(TaskHooks):
 
     def build_logic(self) -> TaskLogic:
         """The task's own code: ``logic_class`` on the model, with the task's own settings."""
-        return self.logic_class(self.model, logic_settings(self.logic_class, self.hparams))
+        return self.logic_class(self.model, picked(self.logic_class.settings_class, self.hparams))
 
     def task_modules(self) -> list[nn.Module]:
         """What the task optimizer trains and frozen stages freeze: backbone, embeddings, head."""

@@ -13,6 +13,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from splitlab.data.objects import box_cells
 from splitlab.model import SplitClassifier
+from splitlab.model.head_settings import ClassificationHeadSettings
 from splitlab.tasks.base import SplitTask
 from splitlab.tasks.logic import LossInputs, TaskLogic
 from splitlab.tokenizer import TokenLayout
@@ -105,8 +106,8 @@ class ClassificationTask(SplitTask):
 
     def __init__(
         self,
-        num_classes: int | None = None,
-        global_pool: str | None = None,
+        num_classes: int | None = ClassificationHeadSettings.num_classes,
+        global_pool: str | None = ClassificationHeadSettings.global_pool,
         label_smoothing: float = ClassificationSettings.label_smoothing,
         **kwargs: Any,
     ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from splitlab.heads import PYRAMID_CHANNELS
+from splitlab.model.head_settings import PyramidHeadSettings
 from splitlab.tasks.base import SplitTask
 
 
@@ -23,8 +23,8 @@ class DenseTask(SplitTask):
 
     def __init__(
         self,
-        pyramid_channels: int = PYRAMID_CHANNELS,
-        pyramid_indices: Sequence[int] | None = None,
+        pyramid_channels: int = PyramidHeadSettings.pyramid_channels,
+        pyramid_indices: Sequence[int] | None = PyramidHeadSettings.pyramid_indices,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

@@ -16,6 +16,7 @@ from splitlab.heads import DetectorSettings, without_crowd
 from splitlab.heads.detection import PER_BOX
 from splitlab.metrics import cell_classes, coco_truth, detection_metrics, instance_label_map
 from splitlab.model import SplitDetector, SplitModel
+from splitlab.model.head_settings import DetectionHeadSettings
 from splitlab.tasks.dense import DenseTask
 from splitlab.tasks.logic import LossInputs, RunFacts, TaskLogic
 from splitlab.tokenizer import TokenLayout
@@ -28,7 +29,6 @@ OWN_SCORE = 0.5
 class DetectionSettings:
     """What detection's code reads of its task's settings (`DetectionLogic` says what each is)."""
 
-    num_classes: int = 80
     thin_classes: Sequence[int] = ()
 
 
@@ -37,7 +37,6 @@ class DetectionLogic(TaskLogic):
 
     Args:
         model: the task's `SplitDetector` (or a multi-task model's detection member).
-        num_classes: object categories (background excluded).
         thin_classes: labels (1..K) of thin-structure categories (the hard twin's lines, grids and
             rings): their objects' fine-token coverage is its own column (``thin_fine_coverage``).
     """
@@ -49,7 +48,7 @@ class DetectionLogic(TaskLogic):
 
     def __init__(self, model: SplitModel, settings: DetectionSettings) -> None:
         super().__init__(model, settings)
-        self.num_classes = settings.num_classes
+        self.num_classes = model.head_settings.num_classes  # the model's head's
         self.thin_classes = tuple(settings.thin_classes)
 
     def check_data(self, datamodule: Any, run: RunFacts) -> None:
@@ -173,7 +172,7 @@ class DetectionTask(DenseTask):
 
     def __init__(
         self,
-        num_classes: int = DetectionSettings.num_classes,
+        num_classes: int = DetectionHeadSettings.num_classes,
         detector: DetectorSettings = DetectorSettings(),
         thin_classes: Sequence[int] = DetectionSettings.thin_classes,
         **kwargs: Any,

@@ -9,6 +9,7 @@ and state.py. A hook reads of its task only what `SplitTask` defines (tests/task
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -361,7 +362,8 @@ class TaskHooks(LightningModule):
         if saved.get("names"):
             self.model.names = list(saved["names"])
         if saved.get("head", {}).get("category_ids"):
-            self.model.config["head"]["category_ids"] = list(saved["head"]["category_ids"])
+            ids = list(saved["head"]["category_ids"])
+            self.model.set_head_settings(replace(self.model.head_settings, category_ids=ids))
         if self.algorithm.progress.restore(state):
             self.sync_deployed()
         states = state.get("generators", [])

@@ -9,14 +9,14 @@ name, each on that task's member model: the same code, the same numbers, no attr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
 from splitlab.model import SplitModel
+from splitlab.model.head_settings import NoSettings
 from splitlab.tokenizer import TokenLayout
 from splitlab.training.task import LossInputs
 
@@ -29,19 +29,6 @@ class RunFacts:
     fitting: bool = False
     world_size: int = 1
     synced_batchnorm: bool = False
-
-
-@dataclass(frozen=True)
-class NoSettings:
-    """The settings of a task's code that reads none of its own."""
-
-
-def logic_settings(logic_class: type[TaskLogic], given: Mapping[str, Any]) -> Any:
-    """The settings ``logic_class`` reads (its ``settings_class``, a dataclass): each field from
-    ``given`` (a task's settings, or a multi-task entry) where set, else the dataclass's default, the
-    one each has (the task class's signature takes it from there)."""
-    cls = logic_class.settings_class
-    return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
 
 
 class TaskLogic:

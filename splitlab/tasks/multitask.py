@@ -13,9 +13,10 @@ from torchmetrics import MetricCollection
 
 from splitlab.lightning_private import attached_trainer
 from splitlab.model import Preprocessing, SplitMultiTask
+from splitlab.model.head_settings import picked
 from splitlab.tasks.base import SplitTask
 from splitlab.tasks.detection import DetectionTask
-from splitlab.tasks.logic import TaskLogic, logic_settings
+from splitlab.tasks.logic import TaskLogic
 from splitlab.tasks.segmentation import SegmentationTask
 from splitlab.tasks.state import check_task_data, run_facts
 from splitlab.tokenizer import TokenLayout
@@ -252,7 +253,7 @@ class MultiTaskSplit(SplitTask):
         for name, given in self.hparams.tasks.items():
             task_class = TASK_CLASSES[given["task"]]
             logic_class = task_class.logic_class
-            logics[name] = logic_class(self.model.members[name], logic_settings(logic_class, given))
+            logics[name] = logic_class(self.model.members[name], picked(logic_class.settings_class, given))
         return MultiTaskLogic(self.model, logics, self.hparams.loss_momentum, self.mean_over_ranks)
 
     def configure_models(self) -> None:

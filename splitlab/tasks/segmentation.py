@@ -16,6 +16,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardInd
 
 from splitlab.metrics import FineCoverage, cell_classes
 from splitlab.model import SplitModel, SplitSegmenter
+from splitlab.model.head_settings import SegmentationHeadSettings
 from splitlab.tasks.dense import DenseTask
 from splitlab.tasks.logic import LossInputs, RunFacts, TaskLogic
 from splitlab.tokenizer import TokenLayout
@@ -27,7 +28,6 @@ COVERAGE_COLUMNS = ("object_fine_coverage", "boundary_fine_coverage", "thin_fine
 class SegmentationSettings:
     """What segmentation's code reads of its task's settings (`SegmentationLogic` says what each is)."""
 
-    num_classes: int = 150
     ignore_index: int = 255
     aux_weight: float = 0.4
     background_classes: Sequence[int] = ()
@@ -39,8 +39,8 @@ class SegmentationLogic(TaskLogic):
     where the fine tokens go (`FineCoverage`).
 
     Args:
-        model: the task's `SplitSegmenter` (or a multi-task model's segmentation member).
-        num_classes: classes.
+        model: the task's `SplitSegmenter` (or a multi-task model's segmentation member): its head
+            gives the classes.
         ignore_index: unlabelled pixels (padding too): neither trained nor scored.
         aux_weight: weight of the auxiliary head's loss.
         background_classes: classes that are not objects, for the fine-coverage metric.
@@ -55,7 +55,7 @@ class SegmentationLogic(TaskLogic):
 
     def __init__(self, model: SplitModel, settings: SegmentationSettings) -> None:
         num_classes, ignore_index, aux_weight = (
-            settings.num_classes,
+            model.head_settings.num_classes,
             settings.ignore_index,
             settings.aux_weight,
         )
@@ -180,9 +180,9 @@ class SegmentationTask(DenseTask):
 
     def __init__(
         self,
-        num_classes: int = SegmentationSettings.num_classes,
-        decode_head: dict[str, Any] | None = None,
-        auxiliary_head: dict[str, Any] | None = None,
+        num_classes: int = SegmentationHeadSettings.num_classes,
+        decode_head: dict[str, Any] | None = SegmentationHeadSettings.decode_head,
+        auxiliary_head: dict[str, Any] | None = SegmentationHeadSettings.auxiliary_head,
         aux_weight: float = SegmentationSettings.aux_weight,
         ignore_index: int = SegmentationSettings.ignore_index,
         background_classes: Sequence[int] = SegmentationSettings.background_classes,

@@ -10,11 +10,12 @@ quantity has everywhere else (``levels``, ``decision_dim`` in config.json; ``eva
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from splitlab.model.base import DEPLOYS
+from splitlab.model.head_settings import head_config
 from splitlab.rl import PPOConfig
 from splitlab.tokenizer import BASELINES, DECISION_CONTEXTS, DECISION_DIM, DECISION_HEADS, budget_points
 from splitlab.tokenizer.baselines import APT_SEARCHES
@@ -114,35 +115,11 @@ GROUPS: dict[str, type] = {
     "controller": ControllerSettings,
 }
 
-S = TypeVar("S")
 
-
-def settings_of(cls: type[S], given: S | Mapping[str, Any] | None, group: str) -> S:
-    """``given`` as ``cls``: the dataclass itself, a mapping of its fields (a recipe's, a checkpoint's),
-    or None for the defaults; an unknown field is named with its group."""
-    if isinstance(given, cls):
-        return replace(given)  # runs its checks again
-    if given is None:
-        return cls()
-    if is_dataclass(given):  # another group's dataclass: its fields, read by name
-        given = asdict(given)
-    if not isinstance(given, Mapping):
-        raise ValueError(f"{group}: expected a mapping of {cls.__name__}'s fields, got {given!r}")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise ValueError(f"{group}: unknown settings {unknown}; {cls.__name__} has {sorted(known)}")
-    return cls(**given)
-
-
-def _config_value(value: Any) -> Any:
-    """A setting as config.json holds it: a settings group as the mapping of its fields."""
-    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else copy.deepcopy(value)
-
-
-def model_config(hparams: Mapping[str, Any], head_keys: Sequence[str]) -> dict[str, Any]:
+def model_config(hparams: Mapping[str, Any], head: Any) -> dict[str, Any]:
     """The `SplitModel` config (config.json's flat names) of a task's settings: the backbone and
-    tokenizer, the budget range as its points, the deployed policy, and the head's ``head_keys``."""
+    tokenizer, the budget range as its points, the deployed policy, and the head's settings ``head``
+    (the model class's head dataclass, `splitlab.model.head_settings`)."""
     kwargs = copy.deepcopy(dict(hparams["backbone_kwargs"] or {}))
     tokenizer: TokenizerSettings = hparams["tokenizer"]
     budget, budget_range = float(hparams["budget"]), hparams["budget_range"]
@@ -157,7 +134,7 @@ def model_config(hparams: Mapping[str, Any], head_keys: Sequence[str]) -> dict[s
         "budget_points": budget_points(budget_range) if budget_range is not None else [budget],
         "max_fraction": hparams["max_fraction"],
         "policy": DEPLOYS.get(hparams["policy"], hparams["policy"]),  # a transferred policy is learned
-        "head": {k: _config_value(hparams[k]) for k in head_keys if k in hparams},
+        "head": head_config(head),
     }
     return config
 

@@ -9,7 +9,7 @@ import importlib
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import is_dataclass
+from dataclasses import is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +155,8 @@ def adopt_data(model: Any, datamodule: Any) -> None:
     if names:
         model.names = list(names)
     category_ids = getattr(datamodule, "category_ids", None)
-    if category_ids:
-        model.config["head"]["category_ids"] = list(category_ids)
+    if category_ids and "category_ids" in model.config["head"]:  # a detector's (COCO results files)
+        model.set_head_settings(replace(model.head_settings, category_ids=list(category_ids)))
 
 
 def check_task_data(

@@ -13,9 +13,10 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
-from splitlab.heads.vqa import PROMPT, lora_adapters
+from splitlab.heads.vqa import lora_adapters
 from splitlab.metrics import VQAAccuracy
 from splitlab.model import SplitVQA
+from splitlab.model.head_settings import VQAHeadSettings
 from splitlab.tasks.base import SplitTask
 from splitlab.tasks.logic import LossInputs, TaskLogic
 from splitlab.tokenizer import TokenLayout
@@ -126,15 +127,15 @@ class VQATask(SplitTask):
 
     def __init__(
         self,
-        lm: str | dict[str, Any] = "llava-hf/llava-1.5-7b-hf",
-        lm_tokenizer: str = "llava-hf/llava-1.5-7b-hf",
-        prompt: str = PROMPT,
-        feature_block: int = -2,
-        token_order: str = "raster",
-        raster_anchor: str = "corner",
-        max_new_tokens: int = 8,
-        train_lm: bool = False,
-        lora: dict[str, Any] | None = None,
+        lm: str | dict[str, Any] = VQAHeadSettings.lm,
+        lm_tokenizer: str = VQAHeadSettings.lm_tokenizer,
+        prompt: str = VQAHeadSettings.prompt,
+        feature_block: int = VQAHeadSettings.feature_block,
+        token_order: str = VQAHeadSettings.token_order,
+        raster_anchor: str = VQAHeadSettings.raster_anchor,
+        max_new_tokens: int = VQAHeadSettings.max_new_tokens,
+        train_lm: bool = VQAHeadSettings.train_lm,
+        lora: dict[str, Any] | None = VQAHeadSettings.lora,
         question_types: list[str] | tuple[str, ...] = VQASettings.question_types,
         vqa_accuracy_mode: str = VQASettings.vqa_accuracy_mode,
         **kwargs: Any,
