@@ -106,8 +106,9 @@ CURVE_POLICIES = (
     "entropy",
     "oracle",
     "loss_oracle",
+    "fidelity_oracle",
     "uniform",
-)  # oracle: where the data has annotations; loss_oracle: where the run evaluated it
+)  # oracle: where the data has annotations; loss_oracle, fidelity_oracle: where the run evaluated them
 CURVE_KEYS = ("metric", "token_fraction_mean", "token_fraction_max", "images_per_second")
 
 
@@ -213,6 +214,7 @@ def compare_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     shown = (
         ("oracle", "(oracle layout)"),
         ("loss_oracle", "(loss oracle layout)"),
+        ("fidelity_oracle", "(fidelity oracle layout)"),
         ("uniform", "(uniform grid)"),
     )
     for name, label in shown:  # the first run's

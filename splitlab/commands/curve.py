@@ -15,6 +15,7 @@ from pathlib import Path
 
 from splitlab.commands.arguments import command_parser, fraction_list, lightning_overrides
 from splitlab.report import curve_record, plot_curve
+from splitlab.tasks.settings import ORACLES
 
 # its line in splitlab --help
 SUMMARY = "metric and speed against token fraction for a trained run (learned, random, entropy, uniform)"
@@ -51,7 +52,7 @@ def curve_arguments(args: argparse.Namespace, overrides: Sequence[str] = ()) -> 
     args.eval_budgets = _check_trained_budgets(config, args.eval_budgets)
     evaluated = (_model_settings(config).get("evaluation") or {}).get("eval_baselines", [])
     # the oracles where the run evaluated them (``oracle``: its data has annotations)
-    baselines = ["uniform", "random", "entropy", *(b for b in ("oracle", "loss_oracle") if b in evaluated)]
+    baselines = ["uniform", "random", "entropy", *(b for b in ORACLES if b in evaluated)]
     out = Path(args.out) if args.out else run / "curve"
     first, *rest = args.eval_budgets
     argv = [

@@ -131,7 +131,9 @@ class SplitTask(TaskHooks):
             weights = transferred_decision(options.policy_checkpoint, self.model)
             self.model.tokenizer.decision.load_state_dict(weights)
         check_apt(policy, options, self.levels)
-        check_label_source(hp.warm_start.label_source, self.logic, type(self).__name__)
+        check_label_source(
+            hp.warm_start.label_source, self.logic, type(self).__name__, tuple(hp.evaluation.eval_baselines)
+        )
         self.sync_deployed()
         self.configure_metrics()
         self.rebuilt = RebuiltWeights(self.rebuilt_keys(), self.model)

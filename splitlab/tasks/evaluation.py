@@ -13,11 +13,9 @@ from torch import Tensor, nn
 from splitlab.metrics import PolicyStats, timed
 from splitlab.model import SplitModel
 from splitlab.tasks.logic import TaskLogic
-from splitlab.tasks.settings import EvaluationSettings
-from splitlab.tokenizer import TokenLayout, annotation_labels, gain_labels
-from splitlab.training import SplitTraining, autograd_ready
-
-ORACLES = ("oracle", "loss_oracle")  # the rows that read the targets: bounds, never deployed
+from splitlab.tasks.settings import ORACLES, EvaluationSettings
+from splitlab.tokenizer import TokenLayout, annotation_labels
+from splitlab.training import SplitTraining, autograd_ready, gain_split_labels
 
 
 def slot(name: str) -> str:
@@ -103,8 +101,7 @@ class PolicyComparison:
                     continue
                 with timed(images.device) as elapsed:
                     if policy in ORACLES:
-                        oracle = self.oracle_layout if policy == "oracle" else self.loss_oracle_layout
-                        base = oracle(images, batch, realised, batch_idx)
+                        base = self.oracle_of(policy, images, batch, realised, batch_idx)
                         out = self.logic.forward_layout(base)
                     else:
                         out, base = self.forward(images, policy=policy, budget=realised, seed=batch_idx)
@@ -132,19 +129,34 @@ class PolicyComparison:
         scores = [d.float() for d in decisions]
         return self.model.tokenizer(images, self.model.backbone, mode="scores", scores=scores, threshold=0.5)
 
-    def loss_oracle_layout(self, images: Tensor, batch: Any, budget: float, seed: int) -> TokenLayout:
+    def oracle_of(self, policy: str, images: Tensor, batch: Any, budget: float, seed: int) -> TokenLayout:
+        """The layout of the oracle row ``policy`` (one of `ORACLES`) at ``budget``."""
+        if policy == "oracle":
+            return self.oracle_layout(images, batch, budget, seed)
+        return self.loss_oracle_layout(images, batch, budget, seed, own=policy == "fidelity_oracle")
+
+    def loss_oracle_layout(
+        self, images: Tensor, batch: Any, budget: float, seed: int, own: bool = False
+    ) -> TokenLayout:
         """The ``loss_oracle`` row's layout: the splits worth most to this batch's task loss first
         (`refinement_gains`, read through the task's per-image loss), as many as ``budget`` buys. It
-        reads the targets through the loss, so it needs no annotations; like ``oracle``, a bound."""
+        reads the targets through the loss, so it needs no annotations; like ``oracle``, a bound.
+        With ``own`` (the ``fidelity_oracle`` row): the splits that keep the outputs closest to the
+        model's own on the finest grid, what the ``fidelity`` labels teach. It reads no target: a
+        learned policy below it has not learned its labels; it below ``oracle``, the labels fall short
+        of the annotations (docs/loss_labels.md)."""
         generator = torch.Generator(images.device).manual_seed(seed)
         with torch.inference_mode(False):  # validation's tensors, as autograd can read them
             plain_images = autograd_ready(images)
             _, targets = self.logic.unpack_batch(autograd_ready(batch))
-            gains = self.algorithm.loss_gains(plain_images, targets, generator)
+            gains = self.algorithm.loss_gains(plain_images, targets, generator, own=own)
         levels = self.model.levels
-        scores = [
-            d.float() for d in gain_labels(gains, levels, budget, levels.finest_grid(images.shape[-2:]))
-        ]
+        # the fidelity labels' shares; the loss oracle's raw gains (an image the model gets wrong may
+        # take the tokens of one it gets right: a bound, it may)
+        decisions = gain_split_labels(
+            gains, levels, budget, levels.finest_grid(images.shape[-2:]), shares=own
+        )
+        scores = [d.float() for d in decisions]
         return self.model.tokenizer(images, self.model.backbone, mode="scores", scores=scores, threshold=0.5)
 
     def results(self, split: str) -> dict[str, dict[str, float]]:

@@ -26,9 +26,11 @@ from splitlab.training.settings import (
     WarmStartSettings,
 )
 
-# the oracles read the targets (``oracle``: the annotations' cells; ``loss_oracle``: each split's worth
-# to the task loss): rows of the evaluation, never a deployed policy
-EVAL_BASELINES = (*BASELINES, "oracle", "loss_oracle")
+# the oracles (``oracle``: the annotations' cells; ``loss_oracle``: each split's worth to the task loss;
+# ``fidelity_oracle``: to the model's own finest-grid output, what the fidelity labels teach): rows of
+# the evaluation, never a deployed policy
+ORACLES = ("oracle", "loss_oracle", "fidelity_oracle")
+EVAL_BASELINES = (*BASELINES, *ORACLES)
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,9 @@ class EvaluationSettings:
 
     Attributes:
         eval_budgets: further budgets the learned policy is evaluated at, each with the baselines.
-        eval_baselines: rows beside the learned layout at its fraction (``oracle``: the annotations').
+        eval_baselines: rows beside the learned layout at its fraction: baselines, and the oracles
+            (``oracle``: the annotations'; ``loss_oracle``, ``fidelity_oracle``: about 5 forwards of
+            the finest grid per image each).
         calibration_images: training images that set the deployed cuts before each validation of a
             fit (0: the running average of training batches only).
     """

@@ -31,11 +31,21 @@ def run_callbacks(given: Sequence[Any], fitting: bool) -> list[Any]:
     return added
 
 
-def check_label_source(label_source: str, logic: TaskLogic, task_name: str) -> None:
-    """Refuse, at construction, warm-start labels the task cannot give: ``fidelity`` reads the task's
-    own prediction as targets (`TaskLogic.own_targets`)."""
-    if label_source == "fidelity" and type(logic).own_targets is TaskLogic.own_targets:
+def check_label_source(
+    label_source: str, logic: TaskLogic, task_name: str, eval_baselines: tuple[str, ...] = ()
+) -> None:
+    """Refuse, at construction, warm-start labels or an evaluation row the task cannot give:
+    ``fidelity`` and ``fidelity_oracle`` read the task's own prediction as targets
+    (`TaskLogic.own_targets`)."""
+    if type(logic).own_targets is not TaskLogic.own_targets:
+        return
+    if label_source == "fidelity":
         raise ValueError(
             f"warm_start.label_source=fidelity: {task_name} has no targets of its own "
             "prediction (TaskLogic.own_targets); use label_source=loss or embedding"
+        )
+    if "fidelity_oracle" in eval_baselines:
+        raise ValueError(
+            f"evaluation.eval_baselines includes fidelity_oracle: {task_name} has no targets of its own "
+            "prediction (TaskLogic.own_targets); drop it (loss_oracle reads the targets instead)"
         )

@@ -8,6 +8,7 @@ from splitlab.training.algorithm import ANCHORED_SOURCES, SplitTraining
 from splitlab.training.gains import (
     autograd_ready,
     finest_outputs,
+    gain_split_labels,
     on_finest_grid,
     patch_sums,
     per_image_shares,
@@ -48,6 +49,7 @@ __all__ = [
     "per_image_shares",
     "policy_loss",
     "finest_outputs",
+    "gain_split_labels",
     "refinement_gains",
     "roll_out",
 ]

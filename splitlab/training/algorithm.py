@@ -29,11 +29,10 @@ from splitlab.tokenizer import (
     annotation_labels,
     calibrate_threshold,
     fraction_of,
-    gain_labels,
     policy,
     warm_start_labels,
 )
-from splitlab.training.gains import finest_outputs, per_image_shares, refinement_gains
+from splitlab.training.gains import finest_outputs, gain_split_labels, refinement_gains
 from splitlab.training.optimizers import Optimizers, build_optimizers
 from splitlab.training.progress import Progress, Stage
 from splitlab.training.settings import TrainingSettings
@@ -252,10 +251,8 @@ class SplitTraining:
         source, levels = self.settings.warm_start.label_source, self.model.levels
         if source in ("loss", "fidelity"):
             _, targets = self.task.unpack_batch(batch)
-            gains = per_image_shares(
-                self.loss_gains(images, targets, tokens=tokens, own=source == "fidelity")
-            )
-            return gain_labels(gains, levels, budget, levels.finest_grid(images.shape[-2:]))
+            gains = self.loss_gains(images, targets, tokens=tokens, own=source == "fidelity")
+            return gain_split_labels(gains, levels, budget, levels.finest_grid(images.shape[-2:]))
         if source == "entropy":  # APT's layout at the budget: pixel entropy, no annotations, no model
             scores, cut = self.model.scores("entropy", images, budget, self.generator)
             return [level > cut for level in scores]

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from splitlab.tokenizer import Levels, build_layout
+from splitlab.tokenizer import Levels, build_layout, gain_labels
 
 # the per-image task loss ``(B,)`` of the batch's outputs
 LossOf = Callable[[Any], Tensor]
@@ -113,6 +113,15 @@ def per_image_shares(gains: Sequence[Tensor]) -> list[Tensor]:
     seed 0, no annotations, anchored: 0.923 -> 0.940 top-1 at 0.45; docs/loss_labels.md)."""
     total = sum(g.abs().flatten(1).sum(1) for g in gains).clamp(min=1e-12)
     return [g / total.view(-1, 1, 1) for g in gains]
+
+
+def gain_split_labels(
+    gains: Sequence[Tensor], levels: Levels, budget: float, finest: Sequence[int], shares: bool = True
+) -> list[Tensor]:
+    """The splits worth most at ``budget`` by ``gains``, each image's as shares of its own total
+    (`per_image_shares`) unless ``shares`` is false: the ``loss`` and ``fidelity`` labels, and the
+    ``loss_oracle`` (raw gains) and ``fidelity_oracle`` rows."""
+    return gain_labels(per_image_shares(gains) if shares else list(gains), levels, budget, finest)
 
 
 def autograd_ready(value: Any) -> Any:

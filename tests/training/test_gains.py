@@ -219,3 +219,41 @@ def test_fidelity_labels_are_refused_at_construction_where_a_task_has_no_own_tar
         ValueError, match="label_source=fidelity: MultiTaskSplit has no .* use label_source=loss"
     ):
         MultiTaskSplit(tasks=tiny_tasks(), backbone_kwargs=vit, warm_start={"label_source": "fidelity"})
+
+
+def test_fidelity_oracle_row_is_the_fidelity_labels_layout_and_reads_no_target() -> None:
+    """The ``fidelity_oracle`` row lays each image out by what the ``fidelity`` labels teach (the splits
+    that keep its outputs closest to the finest grid's), so it tells a policy short of its labels from
+    labels short of the annotation oracle; it reads no target: other labels, the same layout."""
+    from splitlab.tasks import ClassificationTask
+    from tests.tasks.test_per_image_loss import TINY
+
+    task = ClassificationTask(
+        num_classes=4,
+        warm_start={"label_source": "fidelity"},
+        evaluation={"eval_baselines": ["uniform", "fidelity_oracle"]},
+        **TINY,
+    ).eval()
+    torch.manual_seed(0)
+    images = torch.randn(6, 3, 64, 64)
+    labels, others = torch.tensor([0, 1, 2, 3, 0, 1]), torch.tensor([3, 3, 0, 1, 2, 2])
+    expected = task.algorithm.imitation_labels(images, (images, labels), 0.4)
+    with torch.inference_mode():
+        layout = task.comparison.oracle_of("fidelity_oracle", images, (images, labels), 0.4, seed=0)
+        again = task.comparison.oracle_of("fidelity_oracle", images, (images, others), 0.4, seed=0)
+    assert all(torch.equal(d, e) for d, e in zip(layout.decisions, expected, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(layout.decisions, again.decisions, strict=True))
+    assert layout.fraction.mean().item() == pytest.approx(0.4, abs=0.05)
+
+
+def test_fidelity_oracle_row_is_refused_at_construction_where_a_task_has_no_own_targets() -> None:
+    from splitlab.tasks import MultiTaskSplit
+    from tests.tasks.test_multitask import tiny_tasks
+
+    vit = {"img_size": 64, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2}
+    with pytest.raises(
+        ValueError, match="eval_baselines includes fidelity_oracle: MultiTaskSplit .* drop it"
+    ):
+        MultiTaskSplit(
+            tasks=tiny_tasks(), backbone_kwargs=vit, evaluation={"eval_baselines": ["fidelity_oracle"]}
+        )
