@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from splitlab.commands.arguments import lightning_overrides, seed_value
+from splitlab.commands import heldout
+from splitlab.commands.arguments import count, lightning_overrides, seed_value
 from splitlab.report import format_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,6 +65,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="split",
         help="which stages further --config / --model.* / --trainer.* / --data.* arguments reach: the SPLIT stage "
         "(default: a budget or PPO setting on the same dense backbone) or the dense stage too",
+    )
+    demo.add_argument(
+        "--heldout",
+        type=count,
+        default=0,
+        metavar="N",
+        help="then score the run again on N validation images per class (classification) or N scenes "
+        "(coco, ade20k) of its generator under a seed no twin trains on, for differences the twin's own "
+        "80-150 cannot resolve (docs/loss_labels.md); rows in OUT/heldout/summary.json",
     )
     demo.epilog = (
         "Further --config FILE / --model.* / --trainer.* / --data.* arguments overlay the twin's recipe, "
@@ -203,7 +213,16 @@ def check_reused(data: Path, wanted: dict[str, Any], flag: str) -> None:
 
 
 MARKER = ".splitlab-demo.json"  # what a demo folder was made for: task, seed, background, policy
-FIT_OUTPUTS = ("metrics.csv", "hparams.yaml", "summary.json", "config.yaml", "checkpoints", "token_maps")
+# the SPLIT stage's files (and the held-out scores of the run it replaces)
+FIT_OUTPUTS = (
+    "metrics.csv",
+    "hparams.yaml",
+    "summary.json",
+    "config.yaml",
+    "checkpoints",
+    "token_maps",
+    heldout.SCORES,
+)
 
 
 def claim_out(out: Path, wanted: dict[str, Any]) -> None:
@@ -401,6 +420,7 @@ def main(args: argparse.Namespace, overrides: Sequence[str] = ()) -> int:
         if args.policy_checkpoint
         else []
     )
+    heldout.check_heldout(args.task, args.heldout)
     both = args.overrides_reach == "both" and bool(given)
     trained = Path(args.reuse or args.out) / "pretrain" / ".complete"
     if both and trained.exists():  # a finished dense stage is reused as it was trained
@@ -423,4 +443,25 @@ def main(args: argparse.Namespace, overrides: Sequence[str] = ()) -> int:
     )
     print("\n" + format_table(record))
     print(f"\nsummary: {Path(args.out) / 'summary.json'}   token maps: {Path(args.out) / 'token_maps'}")
+    if args.heldout:
+        scored = score_heldout(Path(args.out), Path(args.reuse or args.out), args.task, args.heldout)
+        print("\n" + format_table(scored))
+        print(f"\nheld-out summary: {Path(args.out) / heldout.SCORES / 'summary.json'}")
     return 0
+
+
+def score_heldout(out: Path, source: Path, task: str, number: int) -> dict:
+    """The finished run in ``out`` validated on ``number`` more images per class (scenes) of its data's
+    generator, seed and settings (``source``: the run whose data it trained on; `splitlab.commands.heldout`)."""
+    made = json.loads((source / "data" / ".complete").read_text() or "{}")
+    data = heldout.generate_heldout(
+        out / heldout.DATA,
+        task,
+        number,
+        int(made.get("seed", 0)),
+        made.get("background", "busy"),
+        made.get("difficulty", "default"),
+    )
+    clear(out, [heldout.SCORES])
+    fit(heldout.validate_args(out, data))
+    return heldout.read_record(out, data)

@@ -218,3 +218,86 @@ def test_overrides_that_cannot_be_passed_on_are_refused(tmp_path, capsys, argv, 
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_heldout_set_is_refused_where_the_twin_has_none(tmp_path, capsys) -> None:
+    """VQA's and the multi-task twin's data have no split to grow: refused in one line, nothing made."""
+    with pytest.raises(SystemExit) as stop:
+        main(["demo", "--out", str(tmp_path / "demo"), "--task", "vqa", "--heldout", "10"])
+    assert stop.value.code == 2
+    assert "--heldout 10: --task vqa has no held-out set (only classification, coco, ade20k)" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "demo").exists()
+
+
+def test_a_heldout_set_is_the_generator_under_another_seed_made_once(tmp_path) -> None:
+    """``count`` validation images per class from seed 100 + the data's seed (none of the twin's own
+    images), kept for a second run of the same settings and made again for others."""
+    from splitlab.commands.heldout import generate_heldout
+    from splitlab.data import generate_shapes
+
+    own = generate_shapes(tmp_path / "own", train=1, val=3, test=1, seed=0, difficulty="hard")
+    held = generate_heldout(tmp_path / "held", "classification", 3, seed=0, difficulty="hard")
+    files = sorted((held / "val").rglob("*.png"))
+    classes = {f.parent.name for f in files}
+    assert len(classes) == 6 and len(files) == 3 * len(classes)
+    mine = {f.read_bytes() for f in (own / "val").rglob("*.png")}
+    assert not mine & {f.read_bytes() for f in files}
+    again = generate_shapes(tmp_path / "again", train=1, val=3, test=1, seed=100, difficulty="hard")
+    assert [f.read_bytes() for f in sorted((again / "val").rglob("*.png"))] == [f.read_bytes() for f in files]
+    stamp = files[0].stat().st_mtime_ns
+    generate_heldout(tmp_path / "held", "classification", 3, seed=0, difficulty="hard")
+    assert files[0].stat().st_mtime_ns == stamp  # the same settings: kept
+    generate_heldout(tmp_path / "held", "classification", 2, seed=0, difficulty="hard")
+    assert len(list((held / "val").rglob("*.png"))) == 2 * 6  # another count: made again
+
+
+def test_a_heldout_score_validates_the_run_on_the_new_set(tmp_path, monkeypatch, capsys) -> None:
+    """After the SPLIT stage the run's own config and last checkpoint are validated on the held-out set,
+    written under OUT/heldout (the run's summary untouched), and its table printed."""
+    from types import SimpleNamespace
+
+    import splitlab.cli
+
+    out = tmp_path / "demo"
+    finished_demo(out, seed=2)
+    (out / "pretrain" / ".complete").parent.mkdir(parents=True)
+    (out / "pretrain" / ".complete").write_text("")
+    (out / "heldout").mkdir()
+    (out / "heldout" / "stale.txt").write_text("an earlier run's")
+    calls = []
+    row = {"metric": 0.5, "token_fraction_mean": 0.3, "token_fraction_std": 0.1, "images_per_second": 1.0}
+
+    def fake_main(args):
+        calls.append(list(args))
+        record = {"task": "classification", "metric": "top1", "budget": 0.3, "lambda": 0.0}
+        if args[0] == "fit":
+            (out / "checkpoints").mkdir()
+            (out / "checkpoints" / "last.ckpt").write_text("")
+            (out / "config.yaml").write_text("")
+            folder, record = out, {**record, "stage": "fit", "policies": {"learned": row}}
+        else:
+            assert not (out / "heldout").exists()  # the earlier scores are gone before the new ones
+            folder, record = out / "heldout", {**record, "stage": "validate", "policies": {"learned": row}}
+        folder.mkdir(exist_ok=True)
+        (folder / "summary.json").write_text(json.dumps(record))
+        return SimpleNamespace(trainer=SimpleNamespace(callbacks=[]))
+
+    monkeypatch.setattr(splitlab.cli, "lightning_main", fake_main)
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--out", str(out), "--seed", "2", "--heldout", "2"])
+    assert done.value.code == 0
+    validate = calls[-1]
+    assert validate[:3] == ["validate", "--config", str(out / "config.yaml")]
+    assert f"--ckpt_path={out / 'checkpoints' / 'last.ckpt'}" in validate
+    assert f"--data.init_args.root={out / 'heldout-data'}" in validate
+    assert "--trainer.logger.init_args.version=heldout" in validate
+    made = json.loads((out / "heldout-data" / ".complete").read_text())
+    assert made["seed"] == 102 and made["count"] == 2
+    assert json.loads((out / "summary.json").read_text())["stage"] == "fit"
+    written = json.loads((out / "heldout" / "summary.json").read_text())
+    assert written["stage"] == "held-out, 2 per class" and written["heldout"] == made
+    printed = capsys.readouterr().out
+    assert "classification (held-out, 2 per class, trained policy: learned)" in printed
+    assert f"held-out summary: {out / 'heldout' / 'summary.json'}" in printed

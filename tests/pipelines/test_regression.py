@@ -204,3 +204,20 @@ def test_without_annotations_the_unanchored_policy_keeps_the_uniform_grids_top1(
     assert p["learned"]["metric"] >= uniform - 0.02
     assert p["learned@0.3"]["metric"] >= uniform - 0.05
     assert p["learned"]["metric"] >= p["random"]["metric"] + 0.2
+
+
+def test_a_finished_run_scores_again_on_a_heldout_set(busy) -> None:
+    """``splitlab demo --heldout N``: the run's checkpoint at its operating point, every row of its
+    evaluation, on N more images per class of its generator that it never saw; its own files untouched."""
+    from splitlab.commands.demo import score_heldout
+
+    run, record = busy
+    before = (run / "summary.json").read_bytes()
+    scored = score_heldout(run, run, "classification", 4)
+    assert scored["stage"] == "held-out, 4 per class" and scored["budget"] == record["budget"]
+    assert set(scored["policies"]) == set(record["policies"])
+    learned = scored["policies"]["learned"]
+    assert abs(learned["token_fraction_mean"] - record["budget"]) <= 0.1  # 16 images: the cut, not its mean
+    assert learned["metric"] >= scored["policies"]["random"]["metric"]
+    assert (run / "summary.json").read_bytes() == before
+    assert len(list((run / "heldout-data" / "val").rglob("*.png"))) == 4 * 4
