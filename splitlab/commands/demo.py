@@ -143,6 +143,20 @@ def check_difficulty(task: str, difficulty: str) -> None:
         )
 
 
+def data_record(
+    task: str, seed: int, background: str, scenes: str, difficulty: str, heldout_count: int = 0
+) -> dict[str, Any]:
+    """What a generated dataset was made with, as its ``.complete`` marker records it."""
+    made: dict[str, Any] = {"task": task, "seed": seed, "background": background}
+    if difficulty != "default":
+        made["difficulty"] = difficulty
+    if task == "vqa":
+        made["scenes"] = scenes
+    if heldout_count:
+        made["count"] = heldout_count
+    return made
+
+
 def generate_for(
     task: str,
     out: Path,
@@ -150,22 +164,27 @@ def generate_for(
     background: str = "busy",
     scenes: str = "twin",
     difficulty: str = "default",
+    heldout_count: int = 0,
 ) -> None:
     """The generated dataset a CI twin reads (for VQA, the ``scenes`` configuration of `SCENES`; with
     ``difficulty="hard"`` the hard twin's scenes, 300 training and 80 validation images per class
-    for classification)."""
+    for classification). With ``heldout_count`` its held-out set instead (`splitlab.commands.heldout`):
+    that many validation images per class (scenes), one training and test image per class."""
     from splitlab.data import generate_ade20k, generate_coco, generate_shapes
 
+    heldout.check_heldout(task, heldout_count)
     hard = {"difficulty": difficulty} if difficulty != "default" else {}
+    sizes = {"train": 1, "val": heldout_count} if heldout_count else {"train": 300, "val": 80}
+    shapes = {**sizes, "test": 1 if heldout_count else 80}
     if task in MULTITASK:  # each task's data as its own twin generates it, in a folder of its name
         for part in MULTITASK[task]:
             generate_for(part, out / part, seed)
     elif task == "classification" and hard:
-        generate_shapes(out, train=300, val=80, test=80, seed=seed, **hard)
-    elif task == "classification":
-        generate_shapes(out, seed=seed, background=background)
+        generate_shapes(out, **shapes, seed=seed, **hard)
+    elif task == "classification":  # the default twin: the generator's own sizes
+        generate_shapes(out, seed=seed, background=background, **(shapes if heldout_count else {}))
     elif task == "coco":
-        generate_coco(out, train=300, val=80, seed=seed, **hard)
+        generate_coco(out, **sizes, seed=seed, **hard)
     elif task == "vqa":
         from splitlab.data import generate_vqa
         from splitlab.data.generators.vqa_scenes import SCENES
@@ -174,11 +193,25 @@ def generate_for(
             raise ValueError(f"scenes={scenes!r}: expected one of {', '.join(SCENES)}")
         generate_vqa(out, seed=seed, **SCENES[scenes])
     else:
-        generate_ade20k(out, train=300, val=80, seed=seed, **hard)
-    made = {"task": task, "seed": seed, "background": background, **hard}
-    if task == "vqa":
-        made["scenes"] = scenes
+        generate_ade20k(out, **sizes, seed=seed, **hard)
+    made = data_record(task, seed, background, scenes, difficulty, heldout_count)
     (out / ".complete").write_text(json.dumps(made))
+
+
+def generate_heldout(
+    folder: Path, task: str, count: int, seed: int, background: str = "busy", difficulty: str = "default"
+) -> Path:
+    """The held-out set of a twin whose data was made with ``seed``: `generate_for` under seed
+    ``HELDOUT_SEED + seed`` with ``count`` validation images per class (scenes); kept where ``folder``
+    holds a finished set of the same settings, made again otherwise."""
+    held = heldout.HELDOUT_SEED + seed
+    marker = folder / ".complete"
+    wanted = data_record(task, held, background, "twin", difficulty, count)
+    if marker.exists() and json.loads(marker.read_text() or "{}") == wanted:
+        return folder
+    clear(folder.parent, [folder.name])  # an unfinished set, or one of other settings: this demo's own
+    generate_for(task, folder, held, background, difficulty=difficulty, heldout_count=count)
+    return folder
 
 
 def data_root_args(task: str, data: Path) -> list[str]:
@@ -454,7 +487,7 @@ def score_heldout(out: Path, source: Path, task: str, number: int) -> dict:
     """The finished run in ``out`` validated on ``number`` more images per class (scenes) of its data's
     generator, seed and settings (``source``: the run whose data it trained on; `splitlab.commands.heldout`)."""
     made = json.loads((source / "data" / ".complete").read_text() or "{}")
-    data = heldout.generate_heldout(
+    data = generate_heldout(
         out / heldout.DATA,
         task,
         number,

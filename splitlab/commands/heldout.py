@@ -15,7 +15,6 @@ them, into ``<out>/heldout``.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,35 +34,6 @@ def check_heldout(task: str, count: int) -> None:
 
 
 DATA, SCORES = "heldout-data", "heldout"  # under the demo's --out: the images, the validation's files
-
-
-def generate_heldout(
-    folder: Path, task: str, count: int, seed: int, background: str = "busy", difficulty: str = "default"
-) -> Path:
-    """``count`` validation images per class (or scenes) of the twin's generator under seed
-    ``HELDOUT_SEED + seed`` (``seed``: the training data's) and one training image per class (the
-    readers want the split); kept where ``folder`` holds a finished set of the same settings."""
-    check_heldout(task, count)
-    made = {"task": task, "count": count, "seed": HELDOUT_SEED + seed, "background": background}
-    made["difficulty"] = difficulty
-    marker = folder / ".complete"
-    if marker.exists() and json.loads(marker.read_text() or "{}") == made:
-        return folder
-    if folder.exists():  # an unfinished set, or one made for other settings: this demo's own to replace
-        shutil.rmtree(folder)
-    from splitlab.data import generate_ade20k, generate_coco, generate_shapes
-
-    hard = {"difficulty": difficulty} if difficulty != "default" else {}
-    if task == "classification":
-        generate_shapes(
-            folder, train=1, val=count, test=1, seed=HELDOUT_SEED + seed, background=background, **hard
-        )
-    elif task == "coco":
-        generate_coco(folder, train=1, val=count, seed=HELDOUT_SEED + seed, **hard)
-    else:
-        generate_ade20k(folder, train=1, val=count, seed=HELDOUT_SEED + seed, **hard)
-    marker.write_text(json.dumps(made))
-    return folder
 
 
 def validate_args(out: Path, data: Path) -> list[str]:

@@ -234,7 +234,7 @@ def test_a_heldout_set_is_refused_where_the_twin_has_none(tmp_path, capsys) -> N
 def test_a_heldout_set_is_the_generator_under_another_seed_made_once(tmp_path) -> None:
     """``count`` validation images per class from seed 100 + the data's seed (none of the twin's own
     images), kept for a second run of the same settings and made again for others."""
-    from splitlab.commands.heldout import generate_heldout
+    from splitlab.commands.demo import generate_heldout
     from splitlab.data import generate_shapes
 
     own = generate_shapes(tmp_path / "own", train=1, val=3, test=1, seed=0, difficulty="hard")
