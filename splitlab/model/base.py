@@ -27,6 +27,7 @@ from splitlab.tokenizer import (
     BASELINES,
     DECISION_CONTEXTS,
     DECISION_DIM,
+    DECISION_FEATURES,
     DECISION_HEADS,
     Levels,
     SplitTokenizer,
@@ -52,6 +53,7 @@ COMMON: dict[str, Any] = {
     "decision_dim": DECISION_DIM,
     "decision_heads": DECISION_HEADS,
     "decision_context": DECISION_CONTEXTS[0],
+    "decision_features": DECISION_FEATURES[0],
     "budget": 0.7,
     "budget_points": None,
     "max_fraction": None,
@@ -119,10 +121,12 @@ class SplitModel(nn.Module, HubWeights):
         self.levels = levels
         budget = levels.check_fraction(cfg["budget"])
         points = [float(p) for p in (cfg["budget_points"] or [budget])]
-        if cfg["decision_context"] not in DECISION_CONTEXTS:
-            raise ValueError(
-                f"decision_context={cfg['decision_context']!r}: expected one of {DECISION_CONTEXTS}"
-            )
+        for name, choices in (
+            ("decision_context", DECISION_CONTEXTS),
+            ("decision_features", DECISION_FEATURES),
+        ):
+            if cfg[name] not in choices:
+                raise ValueError(f"{name}={cfg[name]!r}: expected one of {choices}")
         self.tokenizer = SplitTokenizer(
             self.backbone.embed_dim,
             levels,
@@ -130,6 +134,7 @@ class SplitModel(nn.Module, HubWeights):
             cfg["decision_heads"],
             budget_points=points,
             see_descendants=cfg["decision_context"] == "descendants",
+            token_mlp=cfg["decision_features"] == "mlp",
         )
         self.tokenizer.operating_points.check(budget)
         self.cap_tokens(cfg["max_fraction"], "max_fraction")  # refused here, before any weights load

@@ -17,7 +17,14 @@ from typing import Any
 from splitlab.model.base import DEPLOYS
 from splitlab.model.head_settings import head_config
 from splitlab.rl import PPOConfig
-from splitlab.tokenizer import BASELINES, DECISION_CONTEXTS, DECISION_DIM, DECISION_HEADS, budget_points
+from splitlab.tokenizer import (
+    BASELINES,
+    DECISION_CONTEXTS,
+    DECISION_DIM,
+    DECISION_FEATURES,
+    DECISION_HEADS,
+    budget_points,
+)
 from splitlab.tokenizer.baselines import APT_SEARCHES
 from splitlab.training.settings import (
     ControllerSettings,
@@ -43,14 +50,18 @@ class TokenizerSettings:
         decision_heads: heads of its cross-attention.
         decision_context: what a patch's decision reads: its ``children`` (the paper's) or its
             ``descendants`` (also the finest patches under it, the detail they alone resolve).
+        decision_features: what its attention reads of each patch: the embedding through ``linear``
+            maps (the paper's), or through a residual ``mlp`` first, which can tell a texture from a
+            flat patch whatever its phase (`splitlab.tokenizer.SplitDecision`).
     """
 
     levels: list[int] | None = None
     decision_dim: int = DECISION_DIM
     decision_heads: int = DECISION_HEADS
     decision_context: str = DECISION_CONTEXTS[0]
+    decision_features: str = DECISION_FEATURES[0]
 
-    def __post_init__(self) -> None:  # the model checks decision_context (config.json's own check)
+    def __post_init__(self) -> None:  # the model checks the choices (config.json's own check)
         if self.levels is not None:
             object.__setattr__(self, "levels", [int(v) for v in self.levels])
 

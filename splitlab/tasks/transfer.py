@@ -61,7 +61,10 @@ def transferred_decision(path: str, model: SplitModel) -> dict[str, Tensor]:
         ("backbone", ours["backbone"], theirs["backbone"]),
         ("levels", list(model.levels.sizes), list(source.levels.sizes)),
         ("image size", list(model.backbone.img_size), list(source.backbone.img_size)),
-        *((k, ours[k], theirs[k]) for k in ("decision_dim", "decision_heads", "decision_context")),
+        *(
+            (k, ours[k], theirs[k])
+            for k in ("decision_dim", "decision_heads", "decision_context", "decision_features")
+        ),
     ]
     for name, mine, its in pairs:
         if mine != its:

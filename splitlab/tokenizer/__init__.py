@@ -19,7 +19,13 @@ from splitlab.tokenizer.baselines import (
     patch_entropy,
     random_split_rate,
 )
-from splitlab.tokenizer.decision import DECISION_CONTEXTS, DECISION_DIM, DECISION_HEADS, SplitDecision
+from splitlab.tokenizer.decision import (
+    DECISION_CONTEXTS,
+    DECISION_DIM,
+    DECISION_FEATURES,
+    DECISION_HEADS,
+    SplitDecision,
+)
 from splitlab.tokenizer.embed import EmbeddingSource, MultiScalePatchEmbed
 from splitlab.tokenizer.labels import (
     LabelEmbedding,
@@ -48,6 +54,7 @@ from splitlab.tokenizer.tokenizer import MODES, SplitTokenizer
 __all__ = [
     "DECISION_CONTEXTS",
     "DECISION_DIM",
+    "DECISION_FEATURES",
     "DECISION_HEADS",
     "BASELINES",
     "MODES",

@@ -67,6 +67,8 @@ class SplitTokenizer(nn.Module):
         budget_points: the token budgets the policy is trained for, ascending. One budget (or none):
             an unconditioned policy; several: the decision module reads each image's budget and
             one policy serves every budget between the first and the last.
+        see_descendants: a coarse decision also reads the finest patches it covers (`SplitDecision`).
+        token_mlp: every patch passes a residual MLP before the attention reads it (`SplitDecision`).
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class SplitTokenizer(nn.Module):
         decision_heads: int = DECISION_HEADS,
         budget_points: Sequence[float] = (),
         see_descendants: bool = False,
+        token_mlp: bool = False,
     ) -> None:
         super().__init__()
         self.levels = Levels.build(levels)
@@ -94,6 +97,7 @@ class SplitTokenizer(nn.Module):
             decision_heads,
             budget_conditioned=len(budget_points) > 1,
             see_descendants=see_descendants,
+            token_mlp=token_mlp,
         )
         self.operating_points = OperatingPoints(list(budget_points) or [1.0])
 

@@ -34,6 +34,26 @@ def test_the_uniform_layout_is_the_timm_model_and_the_saved_model_rebuilds_it(kw
     assert loaded.config["backbone"] == "vit_tiny_patch16_224" and loaded.budget == 0.5
 
 
+def test_the_token_mlp_is_kept_by_config_json(tmp_path) -> None:
+    """``decision_features: mlp`` builds the decision module's token MLP, and a saved model rebuilds it
+    with its weights; another value is refused naming the setting."""
+    model = SplitModel.from_timm(
+        vit(), levels=[32, 16, 8], budget=0.5, decision_dim=16, decision_heads=2, decision_features="mlp"
+    ).eval()
+    torch.nn.init.normal_(model.tokenizer.decision.token_mlp.fc2.weight)  # zero-initialised: made to matter
+    images = torch.randn(2, 3, 64, 64)
+    model.save_pretrained(tmp_path / "saved")
+    loaded = splitlab.load(tmp_path / "saved")
+    assert loaded.config["decision_features"] == "mlp" and loaded.tokenizer.decision.features == "mlp"
+    with torch.no_grad():
+        expected = model.tokenizer.decision_logits(model.tokenizer.embed(images, model.backbone)[0])
+        got = loaded.tokenizer.decision_logits(loaded.tokenizer.embed(images, loaded.backbone)[0])
+    for g, e in zip(got, expected, strict=True):
+        assert torch.equal(g, e)
+    with pytest.raises(ValueError, match=r"decision_features='deep': expected one of \('linear', 'mlp'\)"):
+        SplitModel.from_timm(vit(), levels=[32, 16, 8], decision_features="deep")
+
+
 def test_a_conditioned_policy_and_another_task(tmp_path) -> None:
     model = SplitModel.from_timm(vit(depth=4), levels=[32, 16, 8], budget_range=[0.3, 0.7], task="segmentation",
                                  head={"num_classes": 5})  # fmt: skip

@@ -94,6 +94,10 @@ SETTINGS = [
         "--model.init_args.tokenizer.decision_context=neighbours",
         "decision_context='neighbours': expected one of",
     ),
+    (
+        "--model.init_args.tokenizer.decision_features=conv",
+        "decision_features='conv': expected one of ('linear', 'mlp')",
+    ),
     ("--model.init_args.warm_start.label_source=boxes", "label_source='boxes': expected one of"),
     ("--data.init_args.objects=nowhere.json", "data.init_args.objects="),
     (

@@ -32,6 +32,8 @@ def test_the_overlay_trains_as_the_recipe_does_without_boxes(tmp_path) -> None:
     assert model["warm_start"]["label_source"] == alone["warm_start"]["label_source"] == "fidelity"
     assert twin["model"]["init_args"]["warm_start"]["label_source"] == "annotations"
     assert model["ppo"]["samples"] == alone["ppo"]["samples"] == 8
+    assert model["tokenizer"]["decision_features"] == alone["tokenizer"]["decision_features"] == "mlp"
+    assert twin["model"]["init_args"]["tokenizer"]["decision_features"] == "linear"
     assert model["warm_start"]["teacher_forcing"] == alone["warm_start"]["teacher_forcing"] == 0.0
     assert twin["model"]["init_args"]["ppo"]["samples"] == 4
     assert twin["model"]["init_args"]["warm_start"]["teacher_forcing"] == 0.5
@@ -39,9 +41,11 @@ def test_the_overlay_trains_as_the_recipe_does_without_boxes(tmp_path) -> None:
         model["ppo"]["imitation"] == alone["ppo"]["imitation"] == 0.0
     )  # unanchored: the fidelity labels' default is 1
     assert "oracle" not in model["evaluation"]["eval_baselines"]
-    # everything else is the twin's: the overlay changes only what the missing boxes change
-    for key in ("tokenizer", "budget", "budget_range", "optim", "controller", "backbone_kwargs"):
+    # everything else is the twin's: the overlay changes what the missing boxes change, and takes the
+    # recipe's decision module (the twin keeps its linear one, measured with the boxes as labels)
+    for key in ("budget", "budget_range", "optim", "controller", "backbone_kwargs"):
         assert model[key] == twin["model"]["init_args"][key], key
+    assert {**model["tokenizer"], "decision_features": "linear"} == twin["model"]["init_args"]["tokenizer"]
     assert model["evaluation"]["eval_budgets"] == twin["model"]["init_args"]["evaluation"]["eval_budgets"]
     # and the PPO stage doubled (the twin's 150 steps are short for learning from the task loss alone)
     assert schedule(bare)["rl_epochs"] == 2 * schedule(twin)["rl_epochs"] == 4

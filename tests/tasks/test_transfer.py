@@ -92,7 +92,8 @@ def test_a_transfer_that_cannot_work_is_refused_naming_both_values(source_run, t
 
     folder, _ = source_run
     cfg = splitlab.load(folder).config
-    tokenizer = {k: cfg[k] for k in ("levels", "decision_dim", "decision_heads", "decision_context")}
+    names = ("levels", "decision_dim", "decision_heads", "decision_context", "decision_features")
+    tokenizer = {k: cfg[k] for k in names}
     same = {k: cfg[k] for k in ("backbone", "backbone_kwargs")}
     same.update(tokenizer=tokenizer, num_classes=4, budget=0.5)
 
@@ -130,6 +131,10 @@ def test_a_transfer_that_cannot_work_is_refused_naming_both_values(source_run, t
                 }
             },
             "decision_context",
+        ),
+        (
+            {"tokenizer": {**tokenizer, "decision_features": "mlp"}},
+            "decision_features 'linear' and this run has 'mlp'",
         ),
     ]
     for change, message in mismatches:

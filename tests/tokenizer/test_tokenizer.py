@@ -118,11 +118,34 @@ def test_decision_module_is_a_small_fraction_of_a_block() -> None:
     with FlopCounterMode(display=False) as block:
         Block(dim, num_heads=12)(torch.randn(1, 256, dim))  # one block on the finest grid
     assert decide.get_total_flops() < 0.05 * block.get_total_flops()
+    with FlopCounterMode(display=False) as decide_mlp:  # a residual MLP per patch first: under 0.15
+        SplitTokenizer(dim, levels, token_mlp=True).decision_logits(tokens)
+    assert decide_mlp.get_total_flops() < 0.15 * block.get_total_flops()
+
+
+def test_the_token_mlp_starts_as_the_linear_module_and_trains() -> None:
+    """``token_mlp`` (``decision_features: mlp``) adds a residual MLP per patch whose last layer starts
+    at zero: the module's logits are the linear module's until it trains, and it does train."""
+    torch.manual_seed(0)
+    levels = (64, 32, 16)
+    linear = SplitTokenizer(48, levels, decision_dim=32, decision_heads=2, see_descendants=True)
+    mlp = SplitTokenizer(48, levels, decision_dim=32, decision_heads=2, see_descendants=True, token_mlp=True)
+    missing, unexpected = mlp.load_state_dict(linear.state_dict(), strict=False)
+    assert not unexpected and missing and all(".token_mlp." in k for k in missing)
+    assert (linear.decision.features, mlp.decision.features) == ("linear", "mlp")
+    tokens = [torch.randn(2, 128 // s, 128 // s, 48) for s in levels]
+    for got, expected in zip(mlp.decision_logits(tokens), linear.decision_logits(tokens), strict=True):
+        torch.testing.assert_close(got, expected)
+    sum(lg.square().sum() for lg in mlp.decision_logits(tokens)).backward()
+    assert mlp.decision.token_mlp.fc2.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("see_descendants", [False, True])
 @pytest.mark.parametrize("budgets", [(), (0.3, 0.7)])
-def test_decision_logits_equal_the_module_on_each_parent_and_its_patches(see_descendants, budgets) -> None:
+@pytest.mark.parametrize("token_mlp", [False, True])
+def test_decision_logits_equal_the_module_on_each_parent_and_its_patches(
+    see_descendants, budgets, token_mlp
+) -> None:
     """decision_logits projects each level once and groups afterwards (cheaper); the logits must be
     the module's own (`project`, then `decide`) on each parent with its children's (and
     descendants') embeddings."""
@@ -132,9 +155,17 @@ def test_decision_logits_equal_the_module_on_each_parent_and_its_patches(see_des
     torch.manual_seed(0)
     levels = (64, 32, 16)
     tok = SplitTokenizer(
-        48, levels, decision_dim=32, decision_heads=2, budget_points=budgets, see_descendants=see_descendants
+        48,
+        levels,
+        decision_dim=32,
+        decision_heads=2,
+        budget_points=budgets,
+        see_descendants=see_descendants,
+        token_mlp=token_mlp,
     )
     torch.nn.init.normal_(tok.decision.mlp.fc2.weight, std=1.0)
+    if token_mlp:  # zero-initialised: made to matter
+        torch.nn.init.normal_(tok.decision.token_mlp.fc2.weight, std=0.5)
     if budgets:
         torch.nn.init.normal_(tok.decision.budget_film[-1].weight, std=0.5)
     tokens = [torch.randn(3, 128 // s, 128 // s, 48) for s in levels]
