@@ -7,8 +7,9 @@ RUN_DIR is what `splitlab demo` (or a fit) leaves: ``config.yaml``, ``checkpoint
 data root its config names. For each image: are all the coarsest patches the object touches split?
 Top-1 is reported for both groups, and the misses are divided into objects inside one coarse patch and
 objects straddling several (with the share of the object in the patch left whole). Then the finest
-level: the share of the object's finest cells that get finest tokens, and the images where none or
-under half of them do (docs/loss_labels.md, "A nonlinearity per patch"). The layouts are the deployed
+level: the share of the object's finest cells that get finest tokens, the images where none or under
+half of them do, and in how many of those the policy ranked the coarse patch holding most of the object
+first (docs/loss_labels.md, "A nonlinearity per patch"). The layouts are the deployed
 ones (`splitlab.load`: budget and cap as the run deploys them). ``--root`` reads another data root of
 the same layout, e.g. the held-out set `splitlab demo --heldout` leaves in ``RUN_DIR/heldout-data``.
 """
