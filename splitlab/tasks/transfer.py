@@ -4,11 +4,16 @@ which policy a task trains: the settings each policy reads, and what a transfer 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 
 from torch import Tensor
 
 from splitlab.model import SplitModel
 from splitlab.model.base import TRAINED_POLICIES
+from splitlab.tasks.settings import TokenizerSettings
+
+# the decision module's settings a transfer must match (the levels are compared as the model has them)
+DECISION_SETTINGS = tuple(f.name for f in fields(TokenizerSettings) if f.name != "levels")
 
 
 def check_policy(
@@ -61,10 +66,7 @@ def transferred_decision(path: str, model: SplitModel) -> dict[str, Tensor]:
         ("backbone", ours["backbone"], theirs["backbone"]),
         ("levels", list(model.levels.sizes), list(source.levels.sizes)),
         ("image size", list(model.backbone.img_size), list(source.backbone.img_size)),
-        *(
-            (k, ours[k], theirs[k])
-            for k in ("decision_dim", "decision_heads", "decision_context", "decision_features")
-        ),
+        *((k, ours[k], theirs[k]) for k in DECISION_SETTINGS),
     ]
     for name, mine, its in pairs:
         if mine != its:
