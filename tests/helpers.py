@@ -28,15 +28,15 @@ def twin_configs(task: str = "classification") -> list[str]:
     return ["--config", str(REPO / "tasks" / recipe), "--config", str(REPO / "configs" / "ci" / twin)]
 
 
-def composed_config(out: Path, *configs: str | Path) -> dict:
-    """The config the LightningCLI builds from ``configs`` in turn (``fit --print_config``), as written
-    to ``out`` and read back."""
+def composed_config(out: Path, *configs: str | Path, flags: Sequence[str] = ()) -> dict:
+    """The config the LightningCLI builds from ``configs`` in turn, then ``flags`` (``fit
+    --print_config``), as written to ``out`` and read back."""
     import contextlib
 
     import pytest
     import yaml
 
-    args = ["fit", *(a for c in configs for a in ("--config", str(c))), "--print_config"]
+    args = ["fit", *(a for c in configs for a in ("--config", str(c))), *flags, "--print_config"]
     with open(out, "w") as f, contextlib.redirect_stdout(f), pytest.raises(SystemExit):
         lightning_main(args)
     return yaml.safe_load(Path(out).read_text())

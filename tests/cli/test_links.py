@@ -19,6 +19,7 @@ RECIPES = (
     sorted((REPO / "tasks").glob("*.yaml"))
     + sorted((REPO / "configs" / "ci").glob("*.yaml"))
     + sorted((REPO / "configs" / "towers").glob("*.yaml"))
+    + sorted((REPO / "configs" / "tight_budget").glob("*.yaml"))
 )
 
 
